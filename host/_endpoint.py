@@ -1,0 +1,283 @@
+"""The JSON-RPC 2.0 endpoint of one connection; it knows nothing of the transport.
+
+Each line is handled synchronously up to the point where its call's task is created, so
+tasks start (and queue on their session's lock) in the order lines arrived. A handshake
+is answered synchronously, so requests pipelined right behind it see it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Any, Protocol
+
+import msgspec
+from msgspec import UNSET, Raw, Struct
+
+from host import __version__
+from host._errors import (
+    HostError,
+    InvalidParams,
+    InvalidRequest,
+    LimitExceeded,
+    MethodNotFound,
+    NotHandshaken,
+    ParseError,
+    ProtocolMismatch,
+    RequestCancelled,
+    to_error_object,
+)
+from host._framing import TOO_LONG, _TooLong
+from host._locks import CURRENT_CALL, CallState
+from host._wire import (
+    BATCH,
+    CANCEL,
+    DECODERS,
+    ENCODER,
+    ENVELOPE,
+    ID_ONLY,
+    MAX_LINE,
+    PROTOCOL_VERSION,
+    HandshakeParams,
+    HandshakeResult,
+)
+
+log = logging.getLogger("host.rpc")
+Handler = Callable[[Any], Awaitable[Struct]]
+_RAW = msgspec.json.Decoder(Raw)
+
+
+class Writer(Protocol):
+    def write(self, data: bytes) -> None: ...
+    async def drain(self) -> None: ...
+
+
+class Stats:
+    """Per-method counts and latencies for ``host.stats``."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.calls: dict[str, int] = {}
+        self.errors: dict[str, int] = {}
+        self.samples: dict[str, deque[float]] = {}
+
+    def record(self, method: str, seconds: float, ok: bool) -> None:
+        self.calls[method] = self.calls.get(method, 0) + 1
+        if not ok:
+            self.errors[method] = self.errors.get(method, 0) + 1
+        self.samples.setdefault(method, deque(maxlen=2048)).append(seconds * 1000)
+
+    def per_method(self) -> dict[str, dict[str, float]]:
+        out = {}
+        for m, samples in self.samples.items():
+            s = sorted(samples)
+            out[m] = {
+                "count": self.calls[m],
+                "errors": self.errors.get(m, 0),
+                "p50Ms": s[len(s) // 2],
+                "p99Ms": s[min(len(s) - 1, int(len(s) * 0.99))],
+                "maxMs": s[-1],
+            }
+        return out
+
+
+def _error(rid: Any, err: dict[str, Any]) -> bytes:
+    return ENCODER.encode({"jsonrpc": "2.0", "id": rid, "error": err})
+
+
+def _result(rid: Any, result: Any) -> bytes:
+    return ENCODER.encode({"jsonrpc": "2.0", "id": rid, "result": result})
+
+
+class Connection:
+    """One client's session with the host: handshake state, calls in flight, replies."""
+
+    def __init__(self, handlers: dict[str, Handler], stats: Stats, writer: Writer) -> None:
+        self.handlers = handlers
+        self.stats = stats
+        self.writer = writer
+        self.handshaken = False
+        self.calls: dict[Hashable, CallState] = {}
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.closed = False
+
+    # -- input ----------------------------------------------------------------------
+
+    def feed(self, line: bytes | _TooLong) -> None:
+        """Handle one input line: answer it now, or start the tasks that will."""
+        if line is TOO_LONG:
+            self._spawn_send(_error(None, LimitExceeded("request line over 64 MiB").to_object()))
+            return
+        assert isinstance(line, bytes)
+        if not line.strip():
+            return  # blank lines between messages are tolerated
+        try:
+            line.decode("utf-8")
+            _RAW.decode(line)
+        except (UnicodeDecodeError, msgspec.DecodeError) as exc:
+            self._spawn_send(_error(None, ParseError(f"parse error: {exc}").to_object()))
+            return
+        first = line.lstrip()[:1]
+        if first == b"[":
+            items = BATCH.decode(line)
+            if not items:
+                self._spawn_send(_error(None, InvalidRequest("empty batch").to_object()))
+                return
+            parts = [self._start(bytes(item)) for item in items]
+            self._spawn(self._finish_batch(parts))
+        elif first == b"{":
+            part = self._start(line)
+            if isinstance(part, bytes):
+                self._spawn_send(part)
+            elif isinstance(part, asyncio.Task):
+                self._spawn(self._finish_one(part))
+        else:
+            err = InvalidRequest("a request must be a JSON object or a batch array")
+            self._spawn_send(_error(None, err.to_object()))
+
+    def _start(self, item: bytes) -> bytes | asyncio.Task[bytes | None] | None:
+        try:
+            env = ENVELOPE.decode(item)
+        except msgspec.ValidationError as exc:
+            try:
+                rid = ID_ONLY.decode(item).id
+            except msgspec.MsgspecError:
+                rid = None
+            if not isinstance(rid, int | str) or isinstance(rid, bool):
+                rid = None
+            return _error(rid, InvalidRequest(f"invalid request: {exc}").to_object())
+        note = env.id is UNSET
+        rid = None if env.id is UNSET else env.id
+        if env.jsonrpc != "2.0":
+            return _error(rid, InvalidRequest('"jsonrpc" must be "2.0"').to_object())
+        method = env.method
+        params_raw = bytes(env.params) if env.params is not UNSET else b"{}"
+        if method == "$/cancelRequest":
+            self._cancel(params_raw)
+            return None if note else _result(rid, None)
+        try:
+            if not self.handshaken and method != "handshake":
+                raise NotHandshaken(f"{method}: handshake first")
+            if method not in self.handlers and method != "handshake":
+                raise MethodNotFound(f"unknown method {method!r}")
+            try:
+                params = DECODERS[method].decode(params_raw)
+            except msgspec.ValidationError as exc:
+                raise InvalidParams(f"{method}: {exc}") from None
+            if method == "handshake":
+                result: Struct = self._handshake(params)
+                self.stats.record(method, 0.0, True)
+                return None if note else _result(rid, result)
+        except HostError as exc:
+            self.stats.record(method, 0.0, False)
+            return None if note else _error(rid, exc.to_object())
+        call = CallState(method)
+        task = asyncio.get_running_loop().create_task(
+            self._run(call, self.handlers[method], params, rid, note)
+        )
+        call.task = task
+        if not note:
+            self.calls[_key(rid)] = call
+        return task
+
+    def _handshake(self, p: HandshakeParams) -> HandshakeResult:
+        if p.protocol_version != PROTOCOL_VERSION:
+            raise ProtocolMismatch(
+                f"protocol version {p.protocol_version} is not {PROTOCOL_VERSION}",
+                expected=PROTOCOL_VERSION,
+                got=p.protocol_version,
+            )
+        self.handshaken = True
+        return HandshakeResult(
+            protocol_version=PROTOCOL_VERSION,
+            host_version=__version__,
+            methods=sorted({*self.handlers, "handshake", "$/cancelRequest"}),
+        )
+
+    def _cancel(self, params_raw: bytes) -> None:
+        try:
+            rid = CANCEL.decode(params_raw).id
+        except msgspec.MsgspecError:
+            return
+        call = self.calls.get(_key(rid))
+        if call is not None and not call.started and call.task is not None:
+            call.cancel_requested = True
+            call.task.cancel("$/cancelRequest")
+
+    # -- calls ----------------------------------------------------------------------
+
+    async def _run(
+        self, call: CallState, handler: Handler, params: Any, rid: Any, note: bool
+    ) -> bytes | None:
+        CURRENT_CALL.set(call)
+        t0 = time.perf_counter()
+        ok = False
+        try:
+            result = await handler(params)
+            body = _result(rid, result)
+            if len(body) > MAX_LINE:
+                err = LimitExceeded("result over 64 MiB: page with limit/beforeLine")
+                body = _error(rid, err.to_object())
+            else:
+                ok = True
+        except asyncio.CancelledError:
+            if not (call.cancel_requested and not call.started):
+                raise
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            body = _error(rid, RequestCancelled("cancelled before it started").to_object())
+        except Exception as exc:
+            body = _error(rid, to_error_object(exc, call.method))
+        finally:
+            self.stats.record(call.method, time.perf_counter() - t0, ok)
+            if not note and self.calls.get(_key(rid)) is call:
+                del self.calls[_key(rid)]
+        return None if note else body
+
+    async def _finish_one(self, task: asyncio.Task[bytes | None]) -> None:
+        body = await task
+        if body is not None:
+            await self.send(body)
+
+    async def _finish_batch(self, parts: list[bytes | asyncio.Task[bytes | None] | None]) -> None:
+        out = []
+        for part in parts:
+            body = await part if isinstance(part, asyncio.Task) else part
+            if body is not None:
+                out.append(body)
+        if out:
+            await self.send(b"[" + b",".join(out) + b"]")
+
+    # -- output ---------------------------------------------------------------------
+
+    async def send(self, body: bytes) -> None:
+        """Write one reply line (one ``write``: lines never interleave) and drain."""
+        if self.closed:
+            return
+        try:
+            self.writer.write(body + b"\n")
+            await self.writer.drain()
+        except (ConnectionError, RuntimeError) as exc:
+            log.info("client went away before a reply could be sent: %s", exc)
+            self.closed = True
+
+    def _spawn_send(self, body: bytes) -> None:
+        self._spawn(self.send(body))
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def finish(self) -> None:
+        """Wait for every call in flight and every reply to be written."""
+        while self.tasks:
+            await asyncio.gather(*list(self.tasks), return_exceptions=True)
+
+
+def _key(rid: Any) -> Hashable:
+    return (type(rid).__name__, rid)

@@ -1,0 +1,117 @@
+"""The one seam every file operation of the store passes through.
+
+The store never calls ``os`` for its data files directly: it calls a :class:`FileSystem`.
+Tests swap in a subclass that fails the Nth call (EIO, ENOSPC) to prove that a failed
+write answers ``STORAGE_ERROR`` and loses nothing that was acknowledged.
+"""
+
+from __future__ import annotations
+
+import os
+
+FILE_MODE = 0o600
+DIR_MODE = 0o700
+
+
+class FileSystem:
+    """Thin, synchronous wrappers over the system calls the store makes."""
+
+    def open(self, path: str, flags: int, mode: int = FILE_MODE) -> int:
+        """Open ``path`` and return its descriptor (created 0600)."""
+        return os.open(path, flags | os.O_CLOEXEC, mode)
+
+    def close(self, fd: int) -> None:
+        """Close a descriptor."""
+        os.close(fd)
+
+    def write_all(self, fd: int, data: bytes | memoryview) -> None:
+        """Write every byte of ``data`` at the descriptor's position."""
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+
+    def pread(self, fd: int, size: int, offset: int) -> bytes:
+        """Read exactly ``size`` bytes at ``offset`` (fewer only at end of file)."""
+        parts: list[bytes] = []
+        while size > 0:
+            chunk = os.pread(fd, min(size, 1 << 24), offset)
+            if not chunk:
+                break
+            parts.append(chunk)
+            size -= len(chunk)
+            offset += len(chunk)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def copy_range(self, src: int, dst: int, offset: int, size: int) -> None:
+        """Append ``size`` bytes of ``src`` from ``offset`` to ``dst``, in the kernel."""
+        while size > 0:
+            try:
+                n = os.copy_file_range(src, dst, size, offset)
+            except OSError:
+                n = 0
+            if n == 0:  # unsupported or short: fall back to user space
+                chunk = os.pread(src, min(size, 1 << 20), offset)
+                if not chunk:
+                    raise OSError(5, f"source ended {size} bytes early")
+                self.write_all(dst, chunk)
+                n = len(chunk)
+            offset += n
+            size -= n
+
+    def fsync(self, fd: int) -> None:
+        """Flush a file's data and metadata to the disk."""
+        os.fsync(fd)
+
+    def fsync_dir(self, path: str) -> None:
+        """Flush a directory's entries (after a create, rename or unlink)."""
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def ftruncate(self, fd: int, size: int) -> None:
+        """Cut a file at ``size`` bytes."""
+        os.ftruncate(fd, size)
+
+    def rename(self, src: str, dst: str) -> None:
+        """Atomically replace ``dst`` with ``src``."""
+        os.rename(src, dst)
+
+    def unlink(self, path: str) -> bool:
+        """Remove a file; ``False`` when it was already gone."""
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def mkdir(self, path: str) -> None:
+        """Create a directory (0700) and its parents if missing."""
+        os.makedirs(path, mode=DIR_MODE, exist_ok=True)
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        """Replace ``path`` with ``data``: temp file, fsync, rename, folder fsync."""
+        folder = os.path.dirname(path)
+        tmp = temp_name(path)
+        fd = self.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        try:
+            self.write_all(fd, data)
+            self.fsync(fd)
+        except BaseException:
+            self.close(fd)
+            self.unlink(tmp)
+            raise
+        self.close(fd)
+        try:
+            self.rename(tmp, path)
+        except BaseException:
+            self.unlink(tmp)
+            raise
+        self.fsync_dir(folder)
+
+
+def temp_name(path: str) -> str:
+    """Return a fresh temp path beside ``path``; every temp name ends in ``.tmp``."""
+    return f"{path}.{os.urandom(6).hex()}.tmp"

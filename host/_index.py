@@ -1,0 +1,294 @@
+"""The SQLite index (aiosqlite, WAL): sessions, one row per message, turns.
+
+The index is derived: every row can be rebuilt from the transcripts. It is what makes a
+page of ``session.get`` and a lookup by id cost in proportion to what they return. One
+connection is shared by every session, so every transaction runs under one
+``asyncio.Lock`` and a failed one is rolled back shielded (a cancelled ``await`` does not
+stop the SQL already queued on aiosqlite's thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import aiosqlite
+
+from host._transcript import FileStamp
+
+MIGRATIONS: list[tuple[str, str]] = [
+    (
+        "0001-sessions-messages",
+        """
+        CREATE TABLE sessions (
+            session_id TEXT PRIMARY KEY,
+            title TEXT,
+            created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL,
+            line_count INTEGER NOT NULL DEFAULT 0,
+            byte_size INTEGER NOT NULL DEFAULT 0,
+            file_ino INTEGER NOT NULL DEFAULT 0,
+            file_mtime_ns INTEGER NOT NULL DEFAULT 0
+        );
+        CREATE TABLE messages (
+            session_id TEXT NOT NULL,
+            line INTEGER NOT NULL,
+            message_id TEXT NOT NULL,
+            offset INTEGER NOT NULL,
+            length INTEGER NOT NULL,
+            role TEXT NOT NULL,
+            turn_id TEXT,
+            status TEXT NOT NULL,
+            pager TEXT,
+            PRIMARY KEY (session_id, line)
+        ) WITHOUT ROWID;
+        CREATE UNIQUE INDEX messages_by_id ON messages (session_id, message_id);
+        CREATE TABLE turns (
+            session_id TEXT NOT NULL,
+            turn_id TEXT NOT NULL,
+            status TEXT NOT NULL,
+            started_at TEXT NOT NULL,
+            ended_at TEXT,
+            PRIMARY KEY (session_id, turn_id)
+        ) WITHOUT ROWID;
+        CREATE INDEX turns_running ON turns (session_id) WHERE status = 'running';
+        """,
+    ),
+]
+
+
+class Row(NamedTuple):
+    """One message's place in its transcript."""
+
+    line: int
+    message_id: str
+    offset: int
+    length: int
+    role: str
+    turn_id: str | None
+    status: str
+    pager: str | None
+
+
+@dataclass(slots=True)
+class SessionRow:
+    """One session as the index knows it."""
+
+    session_id: str
+    title: str | None
+    created_at: str
+    updated_at: str
+    line_count: int
+    byte_size: int
+    file_ino: int
+    file_mtime_ns: int
+
+    def matches(self, stamp: FileStamp) -> bool:
+        """Whether the file is exactly as the index last recorded it."""
+        return (self.file_ino, self.byte_size, self.file_mtime_ns) == (
+            stamp.ino,
+            stamp.size,
+            stamp.mtime_ns,
+        )
+
+
+_ROW_COLS = "line, message_id, offset, length, role, turn_id, status, pager"
+_SESSION_COLS = (
+    "session_id, title, created_at, updated_at, line_count, byte_size, file_ino, file_mtime_ns"
+)
+
+
+class Index:
+    """The shared index connection and every query the host makes of it."""
+
+    def __init__(self, conn: aiosqlite.Connection) -> None:
+        self._conn = conn
+        self._lock = asyncio.Lock()
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def open(cls, path: str) -> AsyncIterator[Index]:
+        """Open (creating and migrating) the index at ``path``."""
+        conn = await aiosqlite.connect(path, isolation_level=None)
+        try:
+            index = cls(conn)
+            await index._setup()
+            yield index
+        finally:
+            await conn.close()
+
+    async def _setup(self) -> None:
+        async with self._lock:
+            await self._conn.execute("PRAGMA journal_mode=WAL")
+            await self._conn.execute("PRAGMA synchronous=NORMAL")
+            await self._conn.execute(
+                "CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied_at TEXT)"
+            )
+            done = {r[0] for r in await self._conn.execute_fetchall("SELECT name FROM migrations")}
+            for name, sql in MIGRATIONS:
+                if name in done:
+                    continue
+                await self._conn.execute("BEGIN IMMEDIATE")
+                try:
+                    for stmt in filter(str.strip, sql.split(";")):
+                        await self._conn.execute(stmt)
+                    await self._conn.execute(
+                        "INSERT INTO migrations VALUES (?, datetime('now'))", (name,)
+                    )
+                    await self._conn.execute("COMMIT")
+                except BaseException:
+                    await asyncio.shield(self._conn.execute("ROLLBACK"))
+                    raise
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[aiosqlite.Connection]:
+        """Run statements in one transaction; any failure (or cancel) rolls it back."""
+        async with self._lock:
+            await self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+                await self._conn.execute("COMMIT")
+            except BaseException:
+                await asyncio.shield(self._rollback())
+                raise
+
+    async def _rollback(self) -> None:
+        if self._conn.in_transaction:
+            await self._conn.execute("ROLLBACK")
+
+    async def _fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        async with self._lock:
+            return list(await self._conn.execute_fetchall(sql, params))
+
+    # -- reads ----------------------------------------------------------------------
+
+    async def session(self, session_id: str) -> SessionRow | None:
+        """Return the session's row, or ``None``."""
+        rows = await self._fetch(
+            f"SELECT {_SESSION_COLS} FROM sessions WHERE session_id = ?", (session_id,)
+        )
+        return SessionRow(*rows[0]) if rows else None
+
+    async def sessions(self) -> list[SessionRow]:
+        """Return every session, most recently written first."""
+        rows = await self._fetch(
+            f"SELECT {_SESSION_COLS} FROM sessions ORDER BY updated_at DESC, session_id"
+        )
+        return [SessionRow(*r) for r in rows]
+
+    async def lookup(self, session_id: str, message_id: str) -> Row | None:
+        """Return the row of a message id, or ``None``."""
+        rows = await self._fetch(
+            f"SELECT {_ROW_COLS} FROM messages WHERE session_id = ? AND message_id = ?",
+            (session_id, message_id),
+        )
+        return Row(*rows[0]) if rows else None
+
+    async def rows(self, session_id: str, start: int = 0, end: int | None = None) -> list[Row]:
+        """Return the rows of lines ``[start, end)`` in order."""
+        rows = await self._fetch(
+            f"SELECT {_ROW_COLS} FROM messages WHERE session_id = ? AND line >= ? AND line < ?"
+            " ORDER BY line",
+            (session_id, start, end if end is not None else 1 << 62),
+        )
+        return [Row(*r) for r in rows]
+
+    async def turns(self, session_id: str) -> list[tuple[str, str, str, str | None]]:
+        """Return ``(turn_id, status, started_at, ended_at)`` of every turn of a session."""
+        return await self._fetch(
+            "SELECT turn_id, status, started_at, ended_at FROM turns WHERE session_id = ?"
+            " ORDER BY started_at, turn_id",
+            (session_id,),
+        )
+
+    # -- writes ---------------------------------------------------------------------
+
+    async def create_session(self, row: SessionRow) -> None:
+        """Insert a new session."""
+        async with self.transaction() as db:
+            await db.execute(
+                f"INSERT INTO sessions ({_SESSION_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    row.session_id,
+                    row.title,
+                    row.created_at,
+                    row.updated_at,
+                    row.line_count,
+                    row.byte_size,
+                    row.file_ino,
+                    row.file_mtime_ns,
+                ),
+            )
+
+    async def delete_session(self, session_id: str) -> None:
+        """Remove a session and all its rows and turns."""
+        async with self.transaction() as db:
+            for table in ("messages", "turns", "sessions"):
+                await db.execute(f"DELETE FROM {table} WHERE session_id = ?", (session_id,))
+
+    async def append(
+        self, session_id: str, rows: Iterable[Row], stamp: FileStamp, line_count: int, now: str
+    ) -> None:
+        """Record appended lines and the transcript's new size."""
+        async with self.transaction() as db:
+            await db.executemany(
+                "INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(session_id, *r) for r in rows],
+            )
+            await _set_file(db, session_id, stamp, line_count, now)
+
+    async def update_line(
+        self, session_id: str, row: Row, delta: int, stamp: FileStamp, line_count: int, now: str
+    ) -> None:
+        """Record one rewritten line; the lines after it move by ``delta`` bytes."""
+        async with self.transaction() as db:
+            if delta:
+                await db.execute(
+                    "UPDATE messages SET offset = offset + ? WHERE session_id = ? AND line > ?",
+                    (delta, session_id, row.line),
+                )
+            await db.execute(
+                "UPDATE messages SET message_id = ?, offset = ?, length = ?, role = ?,"
+                " turn_id = ?, status = ?, pager = ? WHERE session_id = ? AND line = ?",
+                (*row[1:], session_id, row.line),
+            )
+            await _set_file(db, session_id, stamp, line_count, now)
+
+    async def replace_rows(
+        self,
+        session_id: str,
+        rows: Iterable[Row],
+        stamp: FileStamp,
+        line_count: int,
+        now: str,
+        keep_from: int = 0,
+    ) -> None:
+        """Replace the session's rows from line ``keep_from`` on (all of them by default)."""
+        async with self.transaction() as db:
+            await db.execute(
+                "DELETE FROM messages WHERE session_id = ? AND line >= ?", (session_id, keep_from)
+            )
+            await db.executemany(
+                "INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(session_id, *r) for r in rows],
+            )
+            await _set_file(db, session_id, stamp, line_count, now)
+
+    async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Run one write statement in its own transaction; return the rows it changed."""
+        async with self.transaction() as db:
+            cur = await db.execute(sql, params)
+            return cur.rowcount
+
+
+async def _set_file(
+    db: aiosqlite.Connection, session_id: str, stamp: FileStamp, line_count: int, now: str
+) -> None:
+    await db.execute(
+        "UPDATE sessions SET line_count = ?, byte_size = ?, file_ino = ?, file_mtime_ns = ?,"
+        " updated_at = ? WHERE session_id = ?",
+        (line_count, stamp.size, stamp.ino, stamp.mtime_ns, now, session_id),
+    )

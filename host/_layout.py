@@ -1,0 +1,77 @@
+"""Where everything lives under the data dir, and the id check before any path is made.
+
+DIR/host.lock                         one host per data dir (flock)
+DIR/index.sqlite3                     the index (WAL)
+DIR/sessions/<id>.jsonl               the transcript, the truth
+DIR/sessions/<id>.meta.json           title and creation time
+DIR/sessions/<id>.inflight.json       the streaming checkpoint (ADR 0153)
+DIR/sessions/<id>.intent.json         a truncation in progress (ADR 0216)
+DIR/sessions/<id>.jsonl.quarantine    corrupt lines moved aside at start
+DIR/revisions/<id>/<rootId>/          archived regenerate branches (ADR 0060)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from host._errors import InvalidParams
+from host._wire import ID_PATTERN
+
+_ID = re.compile(ID_PATTERN)
+
+
+def check_id(value: str, what: str = "id") -> str:
+    """Return ``value`` if it is a legal id, else raise ``InvalidParams``."""
+    if not isinstance(value, str) or not _ID.match(value):
+        raise InvalidParams(f"{what} must be 1-128 characters of [A-Za-z0-9._:-], not . or ..")
+    return value
+
+
+class Layout:
+    """Paths under one data dir; every session path goes through :func:`check_id`."""
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(root)
+        self.sessions = os.path.join(self.root, "sessions")
+        self.revisions_root = os.path.join(self.root, "revisions")
+        self.index = os.path.join(self.root, "index.sqlite3")
+        self.lock = os.path.join(self.root, "host.lock")
+
+    def _session_file(self, session_id: str, suffix: str) -> str:
+        return os.path.join(self.sessions, check_id(session_id, "sessionId") + suffix)
+
+    def transcript(self, session_id: str) -> str:
+        return self._session_file(session_id, ".jsonl")
+
+    def meta(self, session_id: str) -> str:
+        return self._session_file(session_id, ".meta.json")
+
+    def inflight(self, session_id: str) -> str:
+        return self._session_file(session_id, ".inflight.json")
+
+    def intent(self, session_id: str) -> str:
+        return self._session_file(session_id, ".intent.json")
+
+    def quarantine(self, session_id: str) -> str:
+        return self._session_file(session_id, ".jsonl.quarantine")
+
+    def revisions(self, session_id: str) -> str:
+        return os.path.join(self.revisions_root, check_id(session_id, "sessionId"))
+
+    def session_files(self, session_id: str) -> list[str]:
+        """Every file of a session but its revisions, transcript first."""
+        return [
+            self.transcript(session_id),
+            self.meta(session_id),
+            self.inflight(session_id),
+            self.intent(session_id),
+        ]
+
+    def transcript_ids(self) -> list[str]:
+        """Session ids that have a transcript file, sorted."""
+        out = []
+        for name in os.listdir(self.sessions):
+            if name.endswith(".jsonl") and _ID.match(name[: -len(".jsonl")]):
+                out.append(name[: -len(".jsonl")])
+        return sorted(out)

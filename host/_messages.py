@@ -1,0 +1,150 @@
+"""Messages as opaque bytes: read the few fields the host owns, keep the rest verbatim.
+
+A message is decoded twice, both cheaply: once into :class:`Head` (the fields the host
+reads, validated) and once into ``dict[str, Raw]`` so that every value the caller sent is
+written back as the caller's own bytes. Only the host-owned keys are ever replaced.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+from msgspec import UNSET, Raw, Struct, UnsetType
+
+from host._errors import Conflict, InvalidParams
+from host._wire import Id
+
+PAGER_KEYS = ("revisionRootId", "revisionCount", "activeRevision")
+Role = Literal["user", "assistant", "tool", "system"]
+Status = Literal["complete", "aborted", "error"]
+
+
+class Head(Struct, rename="camel"):
+    """The fields of a message the host reads; everything else is the caller's."""
+
+    id: Id
+    role: Role
+    turn_id: Id | UnsetType | None = UNSET
+    status: Status = "complete"
+    capped: bool = False
+    revision_root_id: Any = UNSET
+    revision_count: Any = UNSET
+    active_revision: Any = UNSET
+
+
+_HEAD = msgspec.json.Decoder(Head)
+_FIELDS = msgspec.json.Decoder(dict[str, Raw])
+_ENC = msgspec.json.Encoder()
+
+
+class Message:
+    """A validated message: its head, its raw fields, and the stored line it makes."""
+
+    __slots__ = ("fields", "head")
+
+    def __init__(self, head: Head, fields: dict[str, Raw]) -> None:
+        self.head = head
+        self.fields = fields
+
+    @property
+    def id(self) -> str:
+        return self.head.id
+
+    @property
+    def turn_id(self) -> str | None:
+        t = self.head.turn_id
+        return t if isinstance(t, str) else None
+
+    def pager(self) -> dict[str, Raw]:
+        """Return the pager fields present in this message, as raw values."""
+        return {k: self.fields[k] for k in PAGER_KEYS if k in self.fields}
+
+    def stored_line(self, *, turn_id: str | None, pager: dict[str, Raw]) -> bytes:
+        """Return the line to store (no newline): caller pager fields replaced by ``pager``."""
+        fields = {k: v for k, v in self.fields.items() if k not in PAGER_KEYS}
+        if turn_id is not None:
+            fields["turnId"] = Raw(_ENC.encode(turn_id))
+        fields.update(pager)
+        return _ENC.encode(fields)
+
+
+def parse(raw: bytes, what: str = "message") -> Message:
+    """Validate a message from the wire, or raise ``InvalidParams``."""
+    try:
+        head = _HEAD.decode(raw)
+        fields = _FIELDS.decode(raw)
+    except msgspec.ValidationError as exc:
+        raise InvalidParams(f"{what}: {exc}") from None
+    except msgspec.DecodeError as exc:  # pragma: no cover - the envelope was valid JSON
+        raise InvalidParams(f"{what}: {exc}") from None
+    return Message(head, fields)
+
+
+def parse_incoming(raw: bytes, what: str = "message") -> Message:
+    """Validate a message a caller wants written: a display-capped copy is ``CONFLICT``."""
+    msg = parse(raw, what)
+    if msg.head.capped:
+        raise Conflict(
+            f"{what} {msg.id!r} is a display-capped copy and cannot be written back",
+            messageId=msg.id,
+        )
+    return msg
+
+
+def parse_stored(line: bytes) -> Message | None:
+    """Parse a stored line; ``None`` when it is not a valid message (quarantine it)."""
+    try:
+        return Message(_HEAD.decode(line), _FIELDS.decode(line))
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+
+
+def pager_json(pager: dict[str, Raw]) -> str | None:
+    """Encode pager fields for the index, or ``None`` when there are none."""
+    return _ENC.encode(pager).decode() if pager else None
+
+
+def pager_from_json(text: str | None) -> dict[str, Raw]:
+    """Decode pager fields stored by :func:`pager_json`."""
+    return _FIELDS.decode(text) if text else {}
+
+
+# -- display cap ------------------------------------------------------------------------
+
+_KEEP = {"id", "role", "turnId", "status", *PAGER_KEYS}
+
+
+def display_capped(line: bytes, cap: int) -> bytes:
+    """Shorten a stored line to about ``cap`` bytes and mark it ``capped: true``.
+
+    Every string value outside the host-owned fields is clipped to one common length,
+    the longest that keeps the line within ``cap`` (found by bisection); structure and
+    keys survive, so the copy is still a valid message the UI can render.
+    """
+    value = msgspec.json.decode(line)
+    if not isinstance(value, dict):  # pragma: no cover - stored lines are objects
+        return line
+
+    def clip(v: Any, n: int) -> Any:
+        if isinstance(v, str):
+            return v[:n] + "…" if len(v) > n else v
+        if isinstance(v, list):
+            return [clip(x, n) for x in v]
+        if isinstance(v, dict):
+            return {k: clip(x, n) for k, x in v.items()}
+        return v
+
+    def render(n: int) -> bytes:
+        out = {k: (v if k in _KEEP else clip(v, n)) for k, v in value.items()}
+        out["capped"] = True
+        return _ENC.encode(out)
+
+    lo, hi = 0, len(line)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if len(render(mid)) <= cap:
+            lo = mid
+        else:
+            hi = mid - 1
+    return render(lo)

@@ -1,0 +1,271 @@
+"""Reconcile transcripts (the truth) with the index, at start and on demand.
+
+Before the first request is read, every transcript whose inode, size or mtime differs from
+what the index recorded is scanned: a torn last line (no newline: never acknowledged) is
+cut off, lines the index lacks are indexed, and a line that is not a valid message (or
+repeats an id) is moved to ``<id>.jsonl.quarantine`` with its bytes and reported, never
+silently dropped. A clean session costs one ``stat``: start is O(sessions), not O(bytes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from host._index import Row, SessionRow
+from host._messages import pager_json, parse_stored
+from host._transcript import FileStamp, Piece, Transcript, iter_lines
+
+if TYPE_CHECKING:
+    from host._store import Store
+
+log = logging.getLogger("host.recovery")
+
+
+@dataclass(slots=True)
+class Scan:
+    """What a scan of a transcript found from some offset on."""
+
+    rows: list[Row] = field(default_factory=list)
+    torn_at: int | None = None
+    torn_bytes: int = 0
+    bad: list[tuple[int, int, bytes, str]] = field(default_factory=list)  # line, offset, raw, why
+
+
+@dataclass(slots=True)
+class Report:
+    """What recovery did, for the log and ``host.stats``."""
+
+    sessions: int = 0
+    reconciled: int = 0
+    indexed_lines: int = 0
+    torn_tails: int = 0
+    quarantined_lines: int = 0
+    temp_files_removed: int = 0
+    dropped_index_rows: int = 0
+    extra: dict[str, int] = field(default_factory=dict)
+
+    def add(self, name: str, n: int = 1) -> None:
+        self.extra[name] = self.extra.get(name, 0) + n
+
+    def as_counters(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for name in (
+            "sessions",
+            "reconciled",
+            "indexed_lines",
+            "torn_tails",
+            "quarantined_lines",
+            "temp_files_removed",
+            "dropped_index_rows",
+        ):
+            out[f"recovery.{name}"] = getattr(self, name)
+        for k, v in self.extra.items():
+            out[f"recovery.{k}"] = v
+        return out
+
+
+def scan(transcript: Transcript, offset: int, line: int, known_ids: set[str]) -> Scan:
+    """Scan complete lines from ``offset`` (line number ``line``) to the end of the file."""
+    out = Scan()
+    for off, raw, complete in iter_lines(transcript.fs, transcript.fd, offset):
+        if not complete:
+            out.torn_at, out.torn_bytes = off, len(raw)
+            break
+        msg = parse_stored(raw)
+        why = None
+        if msg is None:
+            why = "not a valid message"
+        elif msg.id in known_ids:
+            why = f"duplicate id {msg.id!r}"
+        if why is not None:
+            out.bad.append((line + len(out.rows) + len(out.bad), off, raw, why))
+            continue
+        assert msg is not None
+        known_ids.add(msg.id)
+        out.rows.append(
+            Row(
+                line + len(out.rows),
+                msg.id,
+                off,
+                len(raw),
+                msg.head.role,
+                msg.turn_id,
+                msg.head.status,
+                pager_json(msg.pager()),
+            )
+        )
+    return out
+
+
+def _quarantine(store: Store, session_id: str, bad: list[tuple[int, int, bytes, str]]) -> None:
+    fs = store.fs
+    path = store.layout.quarantine(session_id)
+    fd = fs.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        for line, off, raw, why in bad:
+            rec = {
+                "sessionId": session_id,
+                "line": line,
+                "offset": off,
+                "reason": why,
+                "rawBase64": base64.b64encode(raw).decode(),
+            }
+            fs.write_all(fd, json.dumps(rec).encode() + b"\n")
+            log.warning(
+                "session %s: line %d at byte %d quarantined (%s) in %s",
+                session_id,
+                line,
+                off,
+                why,
+                path,
+            )
+        fs.fsync(fd)
+    finally:
+        fs.close(fd)
+    fs.fsync_dir(store.layout.sessions)
+
+
+def _repair_file(
+    store: Store, session_id: str, full: bool, hint: SessionRow | None
+) -> tuple[Scan, int, FileStamp]:
+    """Scan and mend one transcript in place; return the scan, its first line and the stamp."""
+    t = Transcript(store.fs, store.layout.transcript(session_id))
+    try:
+        st = t.stamp()
+        start_off, start_line = 0, 0
+        if (
+            not full
+            and hint is not None
+            and hint.file_ino == st.ino
+            and 0 < hint.byte_size <= st.size
+            and t.read(hint.byte_size - 1, 1) == b"\n"
+        ):
+            start_off, start_line = hint.byte_size, hint.line_count
+        known: set[str] = set()
+        result = scan(t, start_off, start_line, known)
+        result_start = start_line
+        if result.torn_at is not None:
+            log.warning(
+                "session %s: torn last line cut (%d bytes at byte %d, never acknowledged)",
+                session_id,
+                result.torn_bytes,
+                result.torn_at,
+            )
+            t.cut(result.torn_at)
+        if result.bad:
+            _quarantine(store, session_id, result.bad)
+            # Rewrite without the bad lines; good rows get their new offsets.
+            pieces: list[Piece] = [(0, start_off)]
+            pos = start_off
+            rows = []
+            for r in result.rows:
+                pieces.append((r.offset, r.length + 1))
+                rows.append(r._replace(offset=pos))
+                pos += r.length + 1
+            t.rewrite(pieces).commit()
+            result.rows = rows
+        return result, result_start, t.stamp()
+    finally:
+        t.close()
+
+
+async def reconcile(
+    store: Store, session_id: str, *, full: bool = False, report: Report | None = None
+) -> None:
+    """Bring one session's index rows in line with its transcript."""
+    hint = await store.index.session(session_id)
+    result, start_line, stamp = await asyncio.to_thread(_repair_file, store, session_id, full, hint)
+    if start_line > 0:
+        # A tail scan knows only the tail's ids: a line repeating an older id is bad too.
+        dupes = [r for r in result.rows if await store.index.lookup(session_id, r.message_id)]
+        if dupes:
+            await reconcile(store, session_id, full=True, report=report)
+            return
+    if hint is None:
+        title, created = _read_meta(store, session_id)
+        await store.index.create_session(
+            SessionRow(session_id, title, created, created, 0, 0, 0, 0)
+        )
+    await store.index.replace_rows(
+        session_id,
+        result.rows,
+        stamp,
+        start_line + len(result.rows),
+        _mtime_iso(stamp),
+        keep_from=start_line,
+    )
+    log.info(
+        "session %s reconciled: %d line(s) indexed from line %d%s%s",
+        session_id,
+        len(result.rows),
+        start_line,
+        ", torn tail cut" if result.torn_at is not None else "",
+        f", {len(result.bad)} line(s) quarantined" if result.bad else "",
+    )
+    if report is not None:
+        report.reconciled += 1
+        report.indexed_lines += len(result.rows)
+        report.torn_tails += result.torn_at is not None
+        report.quarantined_lines += len(result.bad)
+    store.count("recovery.quarantined_lines", len(result.bad))
+
+
+def _read_meta(store: Store, session_id: str) -> tuple[str | None, str]:
+    from host._store import now_iso
+
+    try:
+        with open(store.layout.meta(session_id), "rb") as f:
+            meta = json.loads(f.read())
+        return meta.get("title"), meta.get("createdAt") or now_iso()
+    except (OSError, ValueError):
+        return None, now_iso()
+
+
+def _mtime_iso(stamp: FileStamp) -> str:
+    import datetime as dt
+
+    t = dt.datetime.fromtimestamp(stamp.mtime_ns / 1e9, dt.UTC)
+    return t.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def remove_temp_files(store: Store) -> int:
+    """Remove every leftover ``*.tmp`` under the sessions and revisions folders."""
+    n = 0
+    for folder in (store.layout.sessions, store.layout.revisions_root):
+        for dirpath, _dirs, files in os.walk(folder):
+            for name in files:
+                if name.endswith(".tmp"):
+                    store.fs.unlink(os.path.join(dirpath, name))
+                    log.info("removed stale temp file %s", os.path.join(dirpath, name))
+                    n += 1
+    return n
+
+
+async def recover(store: Store, *, full: bool = False) -> Report:
+    """Run start-up recovery over the whole data dir; ``full`` rescans every transcript."""
+    report = Report()
+    report.temp_files_removed = remove_temp_files(store)
+    on_disk = set(store.layout.transcript_ids())
+    indexed = {row.session_id: row for row in await store.index.sessions()}
+    for sid in sorted(set(indexed) - on_disk):
+        log.warning("session %s: index row without transcript dropped", sid)
+        await store.index.delete_session(sid)
+        report.dropped_index_rows += 1
+    report.sessions = len(on_disk)
+    for sid in sorted(on_disk):
+        row = indexed.get(sid)
+        if full or row is None:
+            await reconcile(store, sid, full=True, report=report)
+            continue
+        st = FileStamp.of(os.stat(store.layout.transcript(sid)))
+        if not row.matches(st):
+            await reconcile(store, sid, report=report)
+    for name, value in report.as_counters().items():
+        store.counters[name] = store.counters.get(name, 0) + value
+    return report

@@ -1,0 +1,161 @@
+"""Transports: one connection on stdin/stdout, or any number on a Unix socket.
+
+Both feed lines to a :class:`~host._endpoint.Connection`. End of input finishes the
+requests in flight, then closes that connection; ``host.shutdown`` and SIGTERM stop
+reading everywhere, finish what is in flight, and exit 0. One host per data dir: the
+host holds an exclusive ``flock`` on ``DIR/host.lock`` for its whole life.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import signal
+import socket
+import sys
+
+from host._endpoint import Connection
+from host._framing import CHUNK, read_lines
+from host._fs import DIR_MODE, FILE_MODE
+from host._service import Host
+
+log = logging.getLogger("host.server")
+
+
+class DataDirBusy(Exception):
+    """Raised when another process holds the data dir's lock."""
+
+
+def lock_data_dir(root: str) -> int:
+    """Take the data dir's exclusive lock for this process; return its descriptor."""
+    os.makedirs(root, mode=DIR_MODE, exist_ok=True)
+    path = os.path.join(root, "host.lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise DataDirBusy(
+                f"data dir {root} is in use by another host (pid {holder}); one host per data dir"
+            ) from None
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+async def _pump(reader: asyncio.StreamReader, conn: Connection) -> None:
+    async for line in read_lines(reader):
+        conn.feed(line)
+
+
+async def serve_connection(
+    host: Host, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
+    """Serve one connection until end of input or shutdown, then finish its calls."""
+    conn = Connection(host.handlers, host.stats, writer)
+    pump = asyncio.create_task(_pump(reader, conn))
+    stop = asyncio.create_task(host.shutdown_requested.wait())
+    try:
+        await asyncio.wait({pump, stop}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+        if not pump.done():
+            pump.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await pump
+        if not pump.cancelled() and pump.exception() is not None:
+            log.error("connection reader failed: %r", pump.exception())
+        await conn.finish()
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            writer.close()
+            await writer.wait_closed()
+
+
+async def serve_stdio(host: Host) -> None:
+    """Serve the one connection on stdin/stdout."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=2 * CHUNK)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin.buffer)
+    transport, protocol = await loop.connect_write_pipe(
+        asyncio.streams.FlowControlMixin, sys.stdout.buffer
+    )
+    writer = asyncio.StreamWriter(transport, protocol, None, loop)
+    await serve_connection(host, reader, writer)
+
+
+def _clear_stale_socket(path: str) -> None:
+    if not os.path.exists(path):
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except OSError:
+        os.unlink(path)  # nobody answers: a leftover of a host that died
+        return
+    finally:
+        probe.close()
+    raise DataDirBusy(f"socket {path} is already served by another process")
+
+
+async def serve_socket(host: Host, path: str) -> None:
+    """Serve any number of connections on a Unix socket (mode 0600) until shutdown."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), mode=DIR_MODE, exist_ok=True)
+    _clear_stale_socket(path)
+    clients: set[asyncio.Task[None]] = set()
+
+    async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        clients.add(task)
+        try:
+            await serve_connection(host, reader, writer)
+        finally:
+            clients.discard(task)
+
+    old = os.umask(0o177)
+    try:
+        server = await asyncio.start_unix_server(on_client, path, limit=2 * CHUNK)
+    finally:
+        os.umask(old)
+    os.chmod(path, 0o600)
+    log.info("serving on %s", path)
+    try:
+        await host.shutdown_requested.wait()
+    finally:
+        server.close()
+        await asyncio.gather(*list(clients), return_exceptions=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+async def serve(data_dir: str, socket_path: str | None) -> int:
+    """Run the host on ``data_dir`` until end of input or shutdown; return the exit code."""
+    try:
+        lock_fd = lock_data_dir(data_dir)
+    except DataDirBusy as exc:
+        log.error("%s", exc)
+        return 3
+    try:
+        async with Host.open(data_dir) as host:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, host.shutdown_requested.set)
+            try:
+                if socket_path:
+                    await serve_socket(host, socket_path)
+                else:
+                    await serve_stdio(host)
+            except DataDirBusy as exc:
+                log.error("%s", exc)
+                return 3
+        log.info("host stopped")
+        return 0
+    finally:
+        os.close(lock_fd)

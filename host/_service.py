@@ -1,0 +1,93 @@
+"""The host service: the data dir opened, recovered and served by one handler table.
+
+``Host.open`` takes the data dir's lock, creates its folders (0700), opens the index,
+runs start-up recovery before any request is read, and closes everything in reverse.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+
+from host._endpoint import Handler, Stats
+from host._fs import FileSystem
+from host._index import Index
+from host._layout import Layout
+from host._recovery import Report, recover
+from host._sessions import SessionMethods
+from host._store import Store
+from host._wire import EmptyParams, ShutdownResult, StatsResult
+
+log = logging.getLogger("host")
+
+
+class Host:
+    """Everything one running host owns: the store, the handler table, the stats."""
+
+    def __init__(self, store: Store, report: Report) -> None:
+        self.store = store
+        self.report = report
+        self.stats = Stats()
+        self.shutdown_requested = asyncio.Event()
+        self.sessions = SessionMethods(store)
+        s = self.sessions
+        self.handlers: dict[str, Handler] = {
+            "session.create": s.create,
+            "session.list": s.list,
+            "session.delete": s.delete,
+            "session.get": s.get,
+            "session.appendMessage": s.append_message,
+            "session.updateMessage": s.update_message,
+            "session.deleteMessages": s.delete_messages,
+            "session.replaceMessages": s.replace_messages,
+            "host.stats": self.host_stats,
+            "host.shutdown": self.host_shutdown,
+        }
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def open(cls, data_dir: str, fs: FileSystem | None = None) -> AsyncIterator[Host]:
+        """Open, recover and yield the host of ``data_dir``; the caller holds its lock."""
+        layout = Layout(data_dir)
+        fs = fs or FileSystem()
+        for folder in (layout.root, layout.sessions, layout.revisions_root):
+            fs.mkdir(folder)
+            os.chmod(folder, 0o700)
+        async with Index.open(layout.index) as index:
+            for path in (layout.index, layout.index + "-wal", layout.index + "-shm"):
+                if os.path.exists(path):
+                    os.chmod(path, 0o600)
+            store = Store(layout, index, fs)
+            report = await recover(store)
+            log.info(
+                "recovered %d session(s): %d reconciled, %d line(s) indexed, %d torn tail(s),"
+                " %d line(s) quarantined, %d temp file(s) removed",
+                report.sessions,
+                report.reconciled,
+                report.indexed_lines,
+                report.torn_tails,
+                report.quarantined_lines,
+                report.temp_files_removed,
+            )
+            try:
+                yield cls(store, report)
+            finally:
+                store.close()
+
+    async def host_stats(self, p: EmptyParams) -> StatsResult:
+        counters = dict(self.store.counters)
+        counters["sessions.open"] = len(self.store._open)
+        counters["locks.held"] = len(self.store.locks)
+        return StatsResult(
+            uptime_seconds=time.monotonic() - self.stats.started,
+            counters=counters,
+            methods=self.stats.per_method(),
+        )
+
+    async def host_shutdown(self, p: EmptyParams) -> ShutdownResult:
+        self.shutdown_requested.set()
+        return ShutdownResult(shutting_down=True)

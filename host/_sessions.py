@@ -1,0 +1,212 @@
+"""The ``session.*`` methods of the transcript itself: create, list, delete, read, write.
+
+Each method that reads then writes holds the session's lock from its first read to its
+last write (house rule 5), so a line appended between some caller's read and its write
+can never be overwritten: every rewrite re-reads the file inside the lock.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+
+from msgspec import UNSET, Raw
+
+from host._errors import InvalidParams, LimitExceeded, NotFound
+from host._index import Row, SessionRow
+from host._messages import Message, display_capped, pager_from_json, parse_incoming, parse_stored
+from host._store import NewLine, OpenSession, Store, now_iso
+from host._transcript import Piece, Transcript
+from host._wire import (
+    MAX_LINE,
+    AppendParams,
+    AppendResult,
+    CountDeletedResult,
+    CountResult,
+    CreateParams,
+    CreateResult,
+    DeleteMessagesParams,
+    DeleteResult,
+    EmptyParams,
+    GetParams,
+    GetResult,
+    LineResult,
+    ListResult,
+    ReplaceParams,
+    SessionParams,
+    SessionSummary,
+    UpdateParams,
+)
+
+
+class SessionMethods:
+    """Handlers of the transcript methods; turns, revisions and checkpoints extend them."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    async def create(self, p: CreateParams) -> CreateResult:
+        sid = p.session_id if isinstance(p.session_id, str) else uuid.uuid4().hex
+        title = p.title if isinstance(p.title, str) else None
+        async with self.store.locks.hold(sid):
+            if await self.store.index.session(sid) is not None:
+                return CreateResult(session_id=sid, created=False)
+            now = now_iso()
+            fs, layout = self.store.fs, self.store.layout
+            fs.write_atomic(
+                layout.meta(sid), json.dumps({"title": title, "createdAt": now}).encode()
+            )
+            try:
+                t = Transcript.create(fs, layout.transcript(sid))
+                st = t.stamp()
+                t.close()
+                row = SessionRow(sid, title, now, now, 0, 0, st.ino, st.mtime_ns)
+                await self.store.index.create_session(row)
+            except BaseException:
+                self.store.remove_files(sid)
+                raise
+            return CreateResult(session_id=sid, created=True)
+
+    async def list(self, p: EmptyParams) -> ListResult:
+        rows = await self.store.index.sessions()
+        return ListResult(
+            sessions=[
+                SessionSummary(
+                    session_id=r.session_id,
+                    title=r.title,
+                    message_count=r.line_count,
+                    updated_at=r.updated_at,
+                )
+                for r in rows
+            ]
+        )
+
+    async def delete(self, p: SessionParams) -> DeleteResult:
+        sid = p.session_id
+        async with self.store.locks.hold(sid):
+            await self.store.open_session(sid)  # NOT_FOUND for an absent session
+            self.store.forget(sid)
+            self.store.remove_files(sid)  # the transcript goes first: that is the commit
+            await self.store.index.delete_session(sid)
+            return DeleteResult(deleted=True)
+
+    # -- reads ----------------------------------------------------------------------
+
+    async def get(self, p: GetParams) -> GetResult:
+        async with self.store.locks.hold(p.session_id):
+            s = await self.store.open_session(p.session_id)
+            total = s.line_count
+            end = total if p.before_line is UNSET else min(p.before_line, total)
+            start = 0 if p.limit is UNSET else max(0, end - p.limit)
+            rows = await self.store.index.rows(s.session_id, start, end) if end > start else []
+            size = sum(r.length + 1 for r in rows)
+            if size > MAX_LINE:
+                raise LimitExceeded(
+                    f"lines {start}-{end} hold {size} bytes, over the 64 MiB result limit:"
+                    " page with limit/beforeLine",
+                    limit=MAX_LINE,
+                )
+            lines = await self.store.read_rows(s, rows)
+        cap = p.display_cap
+        if isinstance(cap, int):
+            lines = [display_capped(b, cap) if len(b) > cap else b for b in lines]
+        return GetResult(
+            messages=[Raw(b) for b in lines], start_line=start, end_line=end, total_lines=total
+        )
+
+    # -- writes ---------------------------------------------------------------------
+
+    async def append_message(self, p: AppendParams) -> AppendResult:
+        msg = parse_incoming(p.message)
+        turn_id = p.turn_id if isinstance(p.turn_id, str) else msg.turn_id
+        async with self.store.locks.hold(p.session_id):
+            s = await self.store.open_session(p.session_id)
+            line, appended = await self.append_locked(s, msg, turn_id)
+            return AppendResult(line=line, appended=appended)
+
+    async def append_locked(
+        self, s: OpenSession, msg: Message, turn_id: str | None
+    ) -> tuple[int, bool]:
+        """Append ``msg`` unless its id is stored (at least once in, exactly once stored)."""
+        row = await self.store.index.lookup(s.session_id, msg.id)
+        if row is not None:
+            self.store.count("appends.deduplicated")
+            line, appended = row.line, False
+        else:
+            (line,) = await self.store.append(s, [NewLine.of(msg, turn_id)])
+            appended = True
+        await self.after_append(s, msg.id)
+        return line, appended
+
+    async def after_append(self, s: OpenSession, message_id: str) -> None:
+        """Hook run after an append of ``message_id`` (stored or deduplicated)."""
+
+    async def update_message(self, p: UpdateParams) -> LineResult:
+        msg = parse_incoming(p.message)
+        async with self.store.locks.hold(p.session_id):
+            s = await self.store.open_session(p.session_id)
+            row = await self.store.index.lookup(s.session_id, msg.id)
+            if row is None:
+                raise NotFound("message", msg.id)
+            old = await self.store.read_row(s, row)  # re-read inside the lock
+            stored = parse_stored(old)
+            turn_id = (stored.turn_id if stored else None) or msg.turn_id
+            pager = stored.pager() if stored else {}
+            nl = NewLine.of(msg, turn_id, pager)
+            if nl.data != old:
+                await self.store.rewrite_line(s, row, nl.row(row.line, row.offset), nl.data)
+            return LineResult(line=row.line)
+
+    async def delete_messages(self, p: DeleteMessagesParams) -> CountDeletedResult:
+        async with self.store.locks.hold(p.session_id):
+            s = await self.store.open_session(p.session_id)
+            doomed = set(p.message_ids)
+            rows = await self.store.index.rows(s.session_id)
+            kept = [r for r in rows if r.message_id not in doomed]
+            deleted = len(rows) - len(kept)
+            if deleted:
+                pieces, new_rows = _compact(kept)
+                await self.store.rewrite(s, pieces, new_rows)
+            return CountDeletedResult(deleted=deleted)
+
+    async def replace_messages(self, p: ReplaceParams) -> CountResult:
+        msgs = [parse_incoming(raw, f"messages[{i}]") for i, raw in enumerate(p.messages)]
+        seen: set[str] = set()
+        for m in msgs:
+            if m.id in seen:
+                raise InvalidParams(f"messages: duplicate id {m.id!r}")
+            seen.add(m.id)
+        async with self.store.locks.hold(p.session_id):
+            s = await self.store.open_session(p.session_id)
+            old = {r.message_id: r for r in await self.store.index.rows(s.session_id)}
+            pieces: list[Piece] = []
+            rows: list[Row] = []
+            pos = 0
+            for i, m in enumerate(msgs):
+                prev = old.get(m.id)
+                turn_id = (prev.turn_id if prev else None) or m.turn_id
+                nl = NewLine.of(m, turn_id, pager_from_json(prev.pager) if prev else {})
+                pieces.append(nl.data + b"\n")
+                rows.append(nl.row(i, pos))
+                pos += len(nl.data) + 1
+            await self.store.rewrite(s, pieces, rows)
+            return CountResult(count=len(msgs))
+
+
+def _compact(kept: Sequence[Row]) -> tuple[list[Piece], list[Row]]:
+    """Pieces that copy ``kept`` rows (merging neighbours) and their renumbered rows."""
+    pieces: list[Piece] = []
+    rows: list[Row] = []
+    pos = 0
+    for i, r in enumerate(kept):
+        last = pieces[-1] if pieces else None
+        if isinstance(last, tuple) and last[0] + last[1] == r.offset:
+            pieces[-1] = (last[0], last[1] + r.length + 1)
+        else:
+            pieces.append((r.offset, r.length + 1))
+        rows.append(r._replace(line=i, offset=pos))
+        pos += r.length + 1
+    return pieces, rows

@@ -1,0 +1,246 @@
+"""The transcript store: each session's file and index rows kept in step.
+
+Every write follows one order. Append: whole lines written, fsync, then the index commit,
+then the answer; a failure on the way cuts the file back. Rewrite: temp file, fsync,
+rename, folder fsync, then the index; a failed index commit puts the old bytes back.
+Callers hold the session's lock (see :mod:`host._locks`) around all of it.
+
+A session whose file no longer matches what the index recorded (inode, size, mtime) is
+reconciled before it is served: at start, and after any write that failed half-way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from msgspec import Raw
+
+from host._errors import Internal, NotFound
+from host._fs import FileSystem
+from host._index import Index, Row
+from host._layout import Layout
+from host._locks import LockTable
+from host._messages import Message, pager_json
+from host._transcript import Piece, Rewrite, Transcript
+
+log = logging.getLogger("host.store")
+BIG_WRITE = 1 << 20  # appends larger than this are written off the loop
+
+
+def now_iso() -> str:
+    """Return the current UTC time as ISO 8601 with milliseconds."""
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@dataclass(slots=True)
+class OpenSession:
+    """A session being served: its open transcript and its size, under its lock."""
+
+    session_id: str
+    transcript: Transcript
+    line_count: int
+    size: int
+
+
+@dataclass(slots=True)
+class NewLine:
+    """A line to append: the stored bytes (no newline) and what the index keeps of it."""
+
+    data: bytes
+    message_id: str
+    role: str
+    turn_id: str | None
+    status: str
+    pager: str | None = None
+
+    @classmethod
+    def of(cls, msg: Message, turn_id: str | None, pager: dict[str, Raw] | None = None) -> NewLine:
+        """Build the line for ``msg`` as the host stores it, with the stored ``pager``."""
+        pager = pager or {}
+        data = msg.stored_line(turn_id=turn_id, pager=pager)
+        return cls(data, msg.id, msg.head.role, turn_id, msg.head.status, pager_json(pager))
+
+    def row(self, line: int, offset: int) -> Row:
+        return Row(
+            line,
+            self.message_id,
+            offset,
+            len(self.data),
+            self.role,
+            self.turn_id,
+            self.status,
+            self.pager,
+        )
+
+
+class Store:
+    """Sessions' files and index rows, and the primitives every method is built from."""
+
+    def __init__(self, layout: Layout, index: Index, fs: FileSystem | None = None) -> None:
+        self.layout = layout
+        self.index = index
+        self.fs = fs or FileSystem()
+        self.locks = LockTable()
+        self._open: dict[str, OpenSession] = {}
+        self.counters: dict[str, int] = {}
+
+    def count(self, name: str, n: int = 1) -> None:
+        """Add ``n`` to a ``host.stats`` counter."""
+        self.counters[name] = self.counters.get(name, 0) + n
+
+    # -- sessions -------------------------------------------------------------------
+
+    async def open_session(self, session_id: str) -> OpenSession:
+        """Return the open session (call under its lock), or raise ``NotFound``."""
+        s = self._open.get(session_id)
+        if s is not None:
+            return s
+        from host._recovery import reconcile  # recovery builds on the store
+
+        row = await self.index.session(session_id)
+        if row is None:
+            raise NotFound("session", session_id)
+        path = self.layout.transcript(session_id)
+        try:
+            transcript = Transcript(self.fs, path)
+        except FileNotFoundError:
+            raise NotFound("session", session_id) from None
+        if not row.matches(transcript.stamp()):
+            transcript.close()
+            await reconcile(self, session_id)
+            return await self.open_session(session_id)
+        s = OpenSession(session_id, transcript, row.line_count, row.byte_size)
+        self._open[session_id] = s
+        return s
+
+    def forget(self, session_id: str) -> None:
+        """Close a session's file; it is reopened (and reconciled if need be) on next use."""
+        s = self._open.pop(session_id, None)
+        if s is not None:
+            s.transcript.close()
+
+    def close(self) -> None:
+        """Close every open transcript."""
+        for sid in list(self._open):
+            self.forget(sid)
+
+    # -- reads ----------------------------------------------------------------------
+
+    async def read_rows(self, s: OpenSession, rows: Sequence[Row]) -> list[bytes]:
+        """Read the stored lines of ``rows`` (contiguous, in order) with one read."""
+        if not rows:
+            return []
+        start = rows[0].offset
+        size = rows[-1].offset + rows[-1].length + 1 - start
+        if size > BIG_WRITE:
+            data = await asyncio.to_thread(s.transcript.read, start, size)
+        else:
+            data = s.transcript.read(start, size)
+        out = []
+        for r in rows:
+            a = r.offset - start
+            if data[a + r.length : a + r.length + 1] != b"\n":
+                self.forget(s.session_id)
+                raise Internal(f"index out of step with transcript at line {r.line}")
+            out.append(data[a : a + r.length])
+        return out
+
+    async def read_row(self, s: OpenSession, row: Row) -> bytes:
+        """Read one stored line."""
+        return (await self.read_rows(s, [row]))[0]
+
+    # -- writes ---------------------------------------------------------------------
+
+    async def append(self, s: OpenSession, lines: Sequence[NewLine]) -> list[int]:
+        """Append lines durably, then index them; return their line numbers."""
+        offset = s.size
+        data = b"".join(nl.data + b"\n" for nl in lines)
+        rows = []
+        pos = offset
+        for i, nl in enumerate(lines):
+            rows.append(nl.row(s.line_count + i, pos))
+            pos += len(nl.data) + 1
+        try:
+            if len(data) > BIG_WRITE:
+                await asyncio.to_thread(s.transcript.write, data)
+            else:
+                s.transcript.write(data)
+            await asyncio.to_thread(s.transcript.sync)
+            self.count("fsyncs")
+            stamp = s.transcript.stamp()
+            await self.index.append(s.session_id, rows, stamp, s.line_count + len(lines), now_iso())
+        except BaseException:
+            await asyncio.shield(asyncio.to_thread(self._cut_back, s, offset))
+            raise
+        s.size = pos
+        s.line_count += len(lines)
+        self.count("appends", len(lines))
+        return [r.line for r in rows]
+
+    def _cut_back(self, s: OpenSession, size: int) -> None:
+        try:
+            s.transcript.cut(size)
+        except OSError as exc:
+            log.error("session %s: could not cut a failed append back: %s", s.session_id, exc)
+        self.forget(s.session_id)
+
+    async def rewrite(
+        self,
+        s: OpenSession,
+        pieces: Sequence[Piece],
+        rows: Sequence[Row],
+        *,
+        keep_from: int = 0,
+    ) -> None:
+        """Replace the file by ``pieces`` and the rows from line ``keep_from`` by ``rows``."""
+        rw = await asyncio.to_thread(s.transcript.rewrite, pieces)
+        self.count("rewrites")
+        try:
+            stamp = s.transcript.stamp()
+            line_count = keep_from + len(rows)
+            await self.index.replace_rows(
+                s.session_id, rows, stamp, line_count, now_iso(), keep_from=keep_from
+            )
+        except BaseException:
+            await asyncio.shield(asyncio.to_thread(self._undo, s, rw))
+            raise
+        rw.commit()
+        s.size = stamp.size
+        s.line_count = line_count
+
+    async def rewrite_line(self, s: OpenSession, row: Row, new: Row, data: bytes) -> None:
+        """Rewrite exactly one line; every other line is copied byte for byte."""
+        end = row.offset + row.length + 1
+        pieces: list[Piece] = [(0, row.offset), data + b"\n", (end, s.size - end)]
+        rw = await asyncio.to_thread(s.transcript.rewrite, pieces)
+        self.count("rewrites")
+        try:
+            stamp = s.transcript.stamp()
+            delta = len(data) - row.length
+            await self.index.update_line(s.session_id, new, delta, stamp, s.line_count, now_iso())
+        except BaseException:
+            await asyncio.shield(asyncio.to_thread(self._undo, s, rw))
+            raise
+        rw.commit()
+        s.size = stamp.size
+
+    def _undo(self, s: OpenSession, rw: Rewrite) -> None:
+        try:
+            rw.undo()
+        except OSError as exc:
+            log.error("session %s: could not undo a failed rewrite: %s", s.session_id, exc)
+            self.forget(s.session_id)
+
+    def remove_files(self, session_id: str) -> None:
+        """Remove every file of a session, transcript first, then fsync the folder."""
+        import shutil
+
+        for path in self.layout.session_files(session_id):
+            self.fs.unlink(path)
+        self.fs.fsync_dir(self.layout.sessions)
+        self.fs.unlink(self.layout.quarantine(session_id))
+        shutil.rmtree(self.layout.revisions(session_id), ignore_errors=True)

@@ -1,0 +1,108 @@
+"""``python -m host verify``: check every transcript against the index, or rebuild it.
+
+Without ``--repair`` nothing is written, so it can run beside a live host (SQLite's WAL
+lets a second reader in); with ``--repair`` it takes the data dir's lock like a host.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import TextIO
+
+from host._fs import FileSystem
+from host._index import Index
+from host._layout import Layout
+from host._recovery import recover, scan
+from host._server import DataDirBusy, lock_data_dir
+from host._store import Store
+from host._transcript import FileStamp, Transcript
+
+log = logging.getLogger("host.verify")
+
+
+async def verify(data_dir: str, *, repair: bool = False, out: TextIO = sys.stdout) -> int:
+    """Print every disagreement; return 0 when transcripts and index agree, else 1."""
+    layout = Layout(data_dir)
+    if not os.path.isdir(layout.sessions):
+        print(f"no data dir at {layout.root}", file=out)
+        return 1
+    lock_fd = None
+    if repair:
+        try:
+            lock_fd = lock_data_dir(layout.root)
+        except DataDirBusy as exc:
+            print(f"cannot repair: {exc}", file=out)
+            return 2
+    try:
+        async with Index.open(layout.index) as index:
+            store = Store(layout, index, FileSystem())
+            if repair:
+                report = await recover(store, full=True)
+                print(
+                    f"repaired: {report.sessions} session(s) rescanned,"
+                    f" {report.indexed_lines} line(s) indexed,"
+                    f" {report.quarantined_lines} quarantined,"
+                    f" {report.torn_tails} torn tail(s) cut",
+                    file=out,
+                )
+            problems = await _check(store, out)
+    finally:
+        if lock_fd is not None:
+            os.close(lock_fd)
+    if problems:
+        print(f"{problems} problem(s) found", file=out)
+        return 1
+    return 0
+
+
+async def _check(store: Store, out: TextIO) -> int:
+    layout, index = store.layout, store.index
+    problems = 0
+    lines = 0
+
+    def bad(sid: str, what: str) -> None:
+        nonlocal problems
+        problems += 1
+        print(f"{sid}: {what}", file=out)
+
+    on_disk = layout.transcript_ids()
+    rows_by_session = {r.session_id: r for r in await index.sessions()}
+    for sid in sorted(set(rows_by_session) - set(on_disk)):
+        bad(sid, "in the index but has no transcript")
+    for n, sid in enumerate(on_disk, 1):
+        if n % 500 == 0:
+            log.info("verify: %d/%d sessions checked", n, len(on_disk))
+        srow = rows_by_session.get(sid)
+        if srow is None:
+            bad(sid, "transcript is not in the index")
+            continue
+        t = Transcript(store.fs, layout.transcript(sid))
+        try:
+            found = scan(t, 0, 0, set())
+            stamp = FileStamp.of(os.fstat(t.fd))
+        finally:
+            t.close()
+        if found.torn_at is not None:
+            bad(sid, f"torn last line at byte {found.torn_at} ({found.torn_bytes} bytes)")
+        for line, off, _raw, why in found.bad:
+            bad(sid, f"line {line} at byte {off}: {why}")
+        indexed = await index.rows(sid)
+        if indexed != found.rows:
+            have = {r.line: r for r in indexed}
+            for r in found.rows:
+                if have.get(r.line) != r:
+                    bad(sid, f"line {r.line}: transcript has {r}, index has {have.get(r.line)}")
+                    break
+            if len(indexed) != len(found.rows):
+                bad(sid, f"{len(found.rows)} line(s) in transcript, {len(indexed)} in index")
+        if srow.line_count != len(found.rows) or srow.byte_size != stamp.size:
+            bad(
+                sid,
+                f"session row says {srow.line_count} line(s) / {srow.byte_size} bytes,"
+                f" transcript has {len(found.rows)} / {stamp.size}",
+            )
+        lines += len(found.rows)
+    print(f"checked {len(on_disk)} session(s), {lines} line(s): {problems} problem(s)", file=out)
+    return problems

@@ -1,0 +1,331 @@
+"""The typed wire: one msgspec ``Struct`` for every method's params and result.
+
+Decoding is two-phase (ADR-free house rule 2): the envelope is decoded with
+``params: msgspec.Raw``, then the method's own decoder, built once, decodes the params.
+Messages stay ``msgspec.Raw`` (the caller's bytes) all the way to the store.
+``docs/protocol.md`` is checked against :data:`METHODS` by ``tests/test_protocol_doc.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import UNSET, Meta, Raw, Struct, UnsetType
+
+PROTOCOL_VERSION = 11
+MAX_LINE = 64 * 1024 * 1024  # 67,108,864 bytes, newline excluded
+
+ID_PATTERN = r"^(?!\.\.?$)[A-Za-z0-9._:-]{1,128}$"
+Id = Annotated[str, Meta(pattern=ID_PATTERN)]
+"""A session, turn, message or root id: 1-128 of ``[A-Za-z0-9._:-]``, not ``.``/``..``."""
+
+RequestId = int | str | None
+
+
+class Params(Struct, forbid_unknown_fields=True, rename="camel", omit_defaults=True):
+    """Base of every method's params: unknown fields are INVALID_PARAMS."""
+
+
+class Result(Struct, rename="camel", omit_defaults=True):
+    """Base of every method's result."""
+
+
+# -- envelope ---------------------------------------------------------------------------
+
+
+class Envelope(Struct):
+    """One JSON-RPC 2.0 request or notification, params left undecoded."""
+
+    jsonrpc: str
+    method: str
+    params: Raw | UnsetType = UNSET
+    id: RequestId | UnsetType = UNSET
+
+
+class IdOnly(Struct):
+    """Just enough of a bad request to answer it by id."""
+
+    id: Any = None
+
+
+# -- host -------------------------------------------------------------------------------
+
+
+class HandshakeParams(Params):
+    protocol_version: int
+    client: dict[str, Any] | UnsetType = UNSET
+
+
+class HandshakeResult(Result):
+    protocol_version: int
+    host_version: str
+    methods: list[str]
+
+
+class EmptyParams(Params):
+    pass
+
+
+class StatsResult(Result):
+    uptime_seconds: float
+    counters: dict[str, int]
+    methods: dict[str, dict[str, float]]
+
+
+class ShutdownResult(Result):
+    shutting_down: bool
+
+
+class CancelParams(Struct, forbid_unknown_fields=True):
+    id: RequestId
+
+
+# -- sessions ---------------------------------------------------------------------------
+
+
+class CreateParams(Params):
+    session_id: Id | UnsetType = UNSET
+    title: str | UnsetType | None = UNSET
+
+
+class CreateResult(Result):
+    session_id: str
+    created: bool
+
+
+class SessionSummary(Result, omit_defaults=False):
+    session_id: str
+    title: str | None
+    message_count: int
+    updated_at: str
+
+
+class ListResult(Result):
+    sessions: list[SessionSummary]
+
+
+class SessionParams(Params):
+    session_id: Id
+
+
+class DeleteResult(Result):
+    deleted: bool
+
+
+class GetParams(Params):
+    session_id: Id
+    limit: Annotated[int, Meta(ge=0)] | UnsetType = UNSET
+    before_line: Annotated[int, Meta(ge=0)] | UnsetType = UNSET
+    display_cap: Annotated[int, Meta(ge=1)] | UnsetType = UNSET
+
+
+class GetResult(Result, omit_defaults=False):
+    messages: list[Raw]
+    start_line: int
+    end_line: int
+    total_lines: int
+
+
+class AppendParams(Params):
+    session_id: Id
+    message: Raw
+    turn_id: Id | UnsetType = UNSET
+
+
+class AppendResult(Result, omit_defaults=False):
+    line: int
+    appended: bool
+
+
+class UpdateParams(Params):
+    session_id: Id
+    message: Raw
+
+
+class LineResult(Result):
+    line: int
+
+
+class DeleteMessagesParams(Params):
+    session_id: Id
+    message_ids: list[Id]
+
+
+class CountDeletedResult(Result, omit_defaults=False):
+    deleted: int
+
+
+class ReplaceParams(Params):
+    session_id: Id
+    messages: list[Raw]
+
+
+class CountResult(Result, omit_defaults=False):
+    count: int
+
+
+# -- turns ------------------------------------------------------------------------------
+
+TurnEnd = Literal["completed", "error", "aborted"]
+
+
+class BeginTurnParams(Params):
+    session_id: Id
+    turn_id: Id
+    prompt: Raw | UnsetType = UNSET
+
+
+class BeginTurnResult(Result):
+    turn_id: str
+    line: int | UnsetType = UNSET
+
+
+class EndTurnParams(Params):
+    session_id: Id
+    turn_id: Id
+    status: TurnEnd
+    recover_inflight: bool = False
+
+
+class EndTurnResult(Result, omit_defaults=False):
+    status: str
+    recovered: bool
+
+
+# -- checkpoints ------------------------------------------------------------------------
+
+
+class SaveInflightParams(Params):
+    session_id: Id
+    turn_id: Id
+    message: Raw
+
+
+class SavedResult(Result, omit_defaults=False):
+    saved: bool
+
+
+class RecoveredRow(Result, omit_defaults=False):
+    session_id: str
+    message_id: str
+    turn_id: str | None
+    status: str
+
+
+class RecoverResult(Result, omit_defaults=False):
+    recovered: list[RecoveredRow]
+
+
+# -- revisions --------------------------------------------------------------------------
+
+
+class SaveRevisionParams(Params):
+    session_id: Id
+    root_id: Id
+    messages: list[Raw]
+
+
+class SaveRevisionResult(Result, omit_defaults=False):
+    revision: int
+    revision_count: int
+
+
+class ListRevisionsParams(Params):
+    session_id: Id
+    root_id: Id
+    include_messages: bool = False
+
+
+class RevisionInfo(Result):
+    revision: int
+    message_count: int
+    created_at: str
+    messages: list[Raw] | UnsetType = UNSET
+
+
+class ListRevisionsResult(Result, omit_defaults=False):
+    root_id: str
+    revision_count: int
+    active_revision: int | None
+    revisions: list[RevisionInfo]
+
+
+class SaveActiveParams(Params):
+    session_id: Id
+    root_id: Id | UnsetType = UNSET
+
+
+class SaveActiveResult(Result, omit_defaults=False):
+    root_id: str
+    revision_count: int
+    active_revision: int | None
+    archived: int
+    stamped: bool
+
+
+class TruncateParams(Params):
+    session_id: Id
+    from_message_id: Id | UnsetType = UNSET
+    truncate_before: Annotated[int, Meta(ge=0)] | UnsetType = UNSET
+
+
+class Pager(Result, omit_defaults=False):
+    root_id: str
+    revision_count: int
+    active_revision: int
+
+
+class TruncateResult(Result):
+    kept: int
+    removed: int
+    archived: int
+    pager: Pager | UnsetType = UNSET
+
+
+class ActivateParams(Params):
+    session_id: Id
+    root_id: Id
+    revision: Annotated[int, Meta(ge=0)]
+
+
+class ActivateResult(Result, omit_defaults=False):
+    active_revision: int
+    revision_count: int
+
+
+# -- the method table -------------------------------------------------------------------
+
+METHODS: dict[str, tuple[type[Struct], type[Struct]]] = {
+    "handshake": (HandshakeParams, HandshakeResult),
+    "session.create": (CreateParams, CreateResult),
+    "session.list": (EmptyParams, ListResult),
+    "session.delete": (SessionParams, DeleteResult),
+    "session.get": (GetParams, GetResult),
+    "session.appendMessage": (AppendParams, AppendResult),
+    "session.updateMessage": (UpdateParams, LineResult),
+    "session.deleteMessages": (DeleteMessagesParams, CountDeletedResult),
+    "session.replaceMessages": (ReplaceParams, CountResult),
+    "session.beginTurn": (BeginTurnParams, BeginTurnResult),
+    "session.endTurn": (EndTurnParams, EndTurnResult),
+    "session.saveInflightMessage": (SaveInflightParams, SavedResult),
+    "session.recoverInflightMessages": (EmptyParams, RecoverResult),
+    "session.saveRevision": (SaveRevisionParams, SaveRevisionResult),
+    "session.listRevisions": (ListRevisionsParams, ListRevisionsResult),
+    "session.saveActiveRevision": (SaveActiveParams, SaveActiveResult),
+    "session.truncateFrom": (TruncateParams, TruncateResult),
+    "session.activateRevision": (ActivateParams, ActivateResult),
+    "host.stats": (EmptyParams, StatsResult),
+    "host.shutdown": (EmptyParams, ShutdownResult),
+}
+"""Every method the host serves: name -> (params type, result type)."""
+
+DECODERS: dict[str, msgspec.json.Decoder[Any]] = {
+    name: msgspec.json.Decoder(params) for name, (params, _) in METHODS.items()
+}
+ENVELOPE = msgspec.json.Decoder(Envelope)
+BATCH = msgspec.json.Decoder(list[Raw])
+ID_ONLY = msgspec.json.Decoder(IdOnly)
+ANY = msgspec.json.Decoder()
+ENCODER = msgspec.json.Encoder()
+CANCEL = msgspec.json.Decoder(CancelParams)
