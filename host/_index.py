@@ -204,7 +204,69 @@ class Index:
             (session_id,),
         )
 
+    async def turn(self, session_id: str, turn_id: str) -> str | None:
+        """Return a turn's status, or ``None`` when there is no such turn."""
+        rows = await self._fetch(
+            "SELECT status FROM turns WHERE session_id = ? AND turn_id = ?", (session_id, turn_id)
+        )
+        return str(rows[0][0]) if rows else None
+
+    async def running_turn(self, session_id: str) -> str | None:
+        """Return the id of the session's running turn, if any."""
+        rows = await self._fetch(
+            "SELECT turn_id FROM turns WHERE session_id = ? AND status = 'running'", (session_id,)
+        )
+        return str(rows[0][0]) if rows else None
+
+    async def last_user(self, session_id: str, before: int | None = None) -> Row | None:
+        """Return the last user message (before line ``before``), if any."""
+        rows = await self._fetch(
+            f"SELECT {_ROW_COLS} FROM messages WHERE session_id = ? AND role = 'user'"
+            " AND line < ? ORDER BY line DESC LIMIT 1",
+            (session_id, before if before is not None else 1 << 62),
+        )
+        return Row(*rows[0]) if rows else None
+
+    async def next_user_line(self, session_id: str, after: int) -> int | None:
+        """Return the line of the first user message after line ``after``, if any."""
+        rows = await self._fetch(
+            "SELECT line FROM messages WHERE session_id = ? AND role = 'user' AND line > ?"
+            " ORDER BY line LIMIT 1",
+            (session_id, after),
+        )
+        return int(rows[0][0]) if rows else None
+
     # -- writes ---------------------------------------------------------------------
+
+    async def begin_turn(self, session_id: str, turn_id: str, now: str) -> None:
+        """Record a new running turn."""
+        async with self.transaction() as db:
+            await db.execute(
+                "INSERT INTO turns VALUES (?, ?, 'running', ?, NULL)", (session_id, turn_id, now)
+            )
+
+    async def end_turn(self, session_id: str, turn_id: str, status: str, now: str) -> None:
+        """Record the end of a turn."""
+        async with self.transaction() as db:
+            await db.execute(
+                "UPDATE turns SET status = ?, ended_at = ? WHERE session_id = ? AND turn_id = ?",
+                (status, now, session_id, turn_id),
+            )
+
+    async def forget_turn(self, session_id: str, turn_id: str) -> None:
+        """Remove a turn whose beginning failed half-way."""
+        await self.execute(
+            "DELETE FROM turns WHERE session_id = ? AND turn_id = ?", (session_id, turn_id)
+        )
+
+    async def abort_running_turns(self, now: str) -> list[tuple[str, str]]:
+        """End every running turn as aborted (start-up); return ``(session, turn)`` pairs."""
+        rows = await self._fetch("SELECT session_id, turn_id FROM turns WHERE status = 'running'")
+        if rows:
+            await self.execute(
+                "UPDATE turns SET status = 'aborted', ended_at = ? WHERE status = 'running'", (now,)
+            )
+        return [(str(a), str(b)) for a, b in rows]
 
     async def create_session(self, row: SessionRow) -> None:
         """Insert a new session."""

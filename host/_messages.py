@@ -56,6 +56,28 @@ class Message:
         t = self.head.turn_id
         return t if isinstance(t, str) else None
 
+    def with_status(self, status: Status) -> Message:
+        """Return this message with ``status`` set (a promoted checkpoint)."""
+        fields = dict(self.fields)
+        fields["status"] = Raw(_ENC.encode(status))
+        return Message(msgspec.structs.replace(self.head, status=status), fields)
+
+    def has_content(self) -> bool:
+        """Whether the message says anything: not empty text, an empty list, or no content."""
+        raw = self.fields.get("content")
+        if raw is None:
+            return False
+        value = msgspec.json.decode(raw)
+        if isinstance(value, str):
+            return value != ""
+        if isinstance(value, list):
+            return any(
+                not (isinstance(b, dict) and b.get("type") == "text" and not b.get("text"))
+                and b not in ("", None)
+                for b in value
+            )
+        return value is not None
+
     def pager(self) -> dict[str, Raw]:
         """Return the pager fields present in this message, as raw values."""
         return {k: self.fields[k] for k in PAGER_KEYS if k in self.fields}

@@ -103,7 +103,8 @@ def scan(transcript: Transcript, offset: int, line: int, known_ids: set[str]) ->
     return out
 
 
-def _quarantine(store: Store, session_id: str, bad: list[tuple[int, int, bytes, str]]) -> None:
+def quarantine(store: Store, session_id: str, bad: list[tuple[int, int, bytes, str]]) -> None:
+    """Append bad bytes, with where they were and why, to the session's quarantine file."""
     fs = store.fs
     path = store.layout.quarantine(session_id)
     fd = fs.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
@@ -159,7 +160,7 @@ def _repair_file(
             )
             t.cut(result.torn_at)
         if result.bad:
-            _quarantine(store, session_id, result.bad)
+            quarantine(store, session_id, result.bad)
             # Rewrite without the bad lines; good rows get their new offsets.
             pieces: list[Piece] = [(0, start_off)]
             pos = start_off

@@ -15,11 +15,13 @@ from collections.abc import AsyncIterator
 
 from host._endpoint import Handler, Stats
 from host._fs import FileSystem
+from host._history import HistoryMethods
 from host._index import Index
 from host._layout import Layout
 from host._recovery import Report, recover
 from host._sessions import SessionMethods
 from host._store import Store
+from host._turns import TurnMethods
 from host._wire import EmptyParams, ShutdownResult, StatsResult
 
 log = logging.getLogger("host")
@@ -34,7 +36,9 @@ class Host:
         self.stats = Stats()
         self.shutdown_requested = asyncio.Event()
         self.sessions = SessionMethods(store)
-        s = self.sessions
+        self.turns = TurnMethods(store, self.sessions)
+        self.history = HistoryMethods(store, self.sessions, self.turns)
+        s, t, h = self.sessions, self.turns, self.history
         self.handlers: dict[str, Handler] = {
             "session.create": s.create,
             "session.list": s.list,
@@ -44,6 +48,15 @@ class Host:
             "session.updateMessage": s.update_message,
             "session.deleteMessages": s.delete_messages,
             "session.replaceMessages": s.replace_messages,
+            "session.beginTurn": t.begin_turn,
+            "session.endTurn": t.end_turn,
+            "session.saveInflightMessage": t.save_inflight,
+            "session.recoverInflightMessages": t.recover_inflight,
+            "session.saveRevision": h.save_revision,
+            "session.listRevisions": h.list_revisions,
+            "session.saveActiveRevision": h.save_active_revision,
+            "session.activateRevision": h.activate_revision,
+            "session.truncateFrom": h.truncate_from,
             "host.stats": self.host_stats,
             "host.shutdown": self.host_shutdown,
         }
@@ -62,7 +75,12 @@ class Host:
                 if os.path.exists(path):
                     os.chmod(path, 0o600)
             store = Store(layout, index, fs)
-            report = await recover(store)
+            host = cls(store, Report())
+            intents = await asyncio.to_thread(host.history.apply_intent_files)
+            host.report = report = await recover(store)
+            await host.history.finish_intents(intents)
+            await host.turns.recover_at_start()
+            await asyncio.to_thread(_sweep_archives, store)
             log.info(
                 "recovered %d session(s): %d reconciled, %d line(s) indexed, %d torn tail(s),"
                 " %d line(s) quarantined, %d temp file(s) removed",
@@ -74,7 +92,7 @@ class Host:
                 report.temp_files_removed,
             )
             try:
-                yield cls(store, report)
+                yield host
             finally:
                 store.close()
 
@@ -91,3 +109,15 @@ class Host:
     async def host_shutdown(self, p: EmptyParams) -> ShutdownResult:
         self.shutdown_requested.set()
         return ShutdownResult(shutting_down=True)
+
+
+def _sweep_archives(store: Store) -> None:
+    """Drop archives of deleted sessions and payloads no manifest names."""
+    import shutil
+
+    on_disk = set(store.layout.transcript_ids())
+    for sid in os.listdir(store.layout.revisions_root):
+        if sid not in on_disk:
+            shutil.rmtree(os.path.join(store.layout.revisions_root, sid), ignore_errors=True)
+        elif n := store.archive.sweep(sid):
+            log.info("session %s: %d unreferenced revision payload(s) removed", sid, n)

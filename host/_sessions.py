@@ -7,6 +7,7 @@ can never be overwritten: every rewrite re-reads the file inside the lock.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import Sequence
@@ -142,7 +143,16 @@ class SessionMethods:
         return line, appended
 
     async def after_append(self, s: OpenSession, message_id: str) -> None:
-        """Hook run after an append of ``message_id`` (stored or deduplicated)."""
+        """Remove the session's checkpoint when it holds ``message_id`` (ADR 0153)."""
+        cps = self.store.checkpoints
+        if s.session_id not in cps.present:
+            return
+        try:
+            cp = cps.read(s.session_id)
+        except ValueError:
+            return  # a corrupt checkpoint is quarantined by its settlement, not here
+        if cp is not None and cp.message_id == message_id:
+            await asyncio.to_thread(cps.remove, s.session_id)
 
     async def update_message(self, p: UpdateParams) -> LineResult:
         msg = parse_incoming(p.message)

@@ -19,9 +19,12 @@ from dataclasses import dataclass
 
 from msgspec import Raw
 
+from host._archive import Archive
+from host._checkpoints import Checkpoints
 from host._errors import Internal, NotFound
 from host._fs import FileSystem
 from host._index import Index, Row
+from host._intents import Intents
 from host._layout import Layout
 from host._locks import LockTable
 from host._messages import Message, pager_json
@@ -85,6 +88,9 @@ class Store:
         self.index = index
         self.fs = fs or FileSystem()
         self.locks = LockTable()
+        self.archive = Archive(layout, self.fs)
+        self.checkpoints = Checkpoints(layout, self.fs)
+        self.intents = Intents(layout, self.fs, self.archive)
         self._open: dict[str, OpenSession] = {}
         self.counters: dict[str, int] = {}
 

@@ -1,0 +1,99 @@
+"""Archived regenerate branches (ADR 0060): ``DIR/revisions/<session>/<root>/``.
+
+Each root has a small ``manifest.json`` listing its revisions and, per revision, one
+payload file of stored lines copied verbatim from the transcript (``turnId`` kept). The
+manifest is the commit point: a payload is written and fsynced first, then the manifest
+is replaced atomically, then payloads it no longer names are removed. Listing revisions
+reads only the manifest, however large the payloads are.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from host._fs import FileSystem
+from host._layout import Layout, check_id
+
+log = logging.getLogger("host.archive")
+
+
+@dataclass(slots=True)
+class Revision:
+    """One archived branch as its manifest lists it."""
+
+    revision: int
+    file: str
+    messageCount: int
+    createdAt: str
+
+
+class Archive:
+    """The revision archives of every session."""
+
+    def __init__(self, layout: Layout, fs: FileSystem) -> None:
+        self.layout = layout
+        self.fs = fs
+
+    def folder(self, session_id: str, root_id: str) -> str:
+        return os.path.join(self.layout.revisions(session_id), check_id(root_id, "rootId"))
+
+    def load(self, session_id: str, root_id: str) -> list[Revision]:
+        """Return the root's revisions in order (empty when none were archived)."""
+        path = os.path.join(self.folder(session_id, root_id), "manifest.json")
+        try:
+            with open(path, "rb") as f:
+                data = json.loads(f.read())
+        except FileNotFoundError:
+            return []
+        return [Revision(**r) for r in data["revisions"]]
+
+    def write_payload(
+        self, session_id: str, root_id: str, revision: int, lines: Sequence[bytes]
+    ) -> str:
+        """Write a branch's lines to a new payload file, fsynced; return its file name."""
+        folder = self.folder(session_id, root_id)
+        self.fs.mkdir(folder)
+        name = f"{revision:06d}-{os.urandom(4).hex()}.jsonl"
+        fd = self.fs.open(os.path.join(folder, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        try:
+            self.fs.write_all(fd, b"".join(line + b"\n" for line in lines))
+            self.fs.fsync(fd)
+        finally:
+            self.fs.close(fd)
+        return name
+
+    def commit(self, session_id: str, root_id: str, revisions: Sequence[Revision]) -> None:
+        """Replace the manifest (the commit point), then drop payloads it does not name."""
+        folder = self.folder(session_id, root_id)
+        self.fs.mkdir(folder)
+        body = {"rootId": root_id, "revisions": [asdict(r) for r in revisions]}
+        self.fs.write_atomic(os.path.join(folder, "manifest.json"), json.dumps(body).encode())
+        keep = {r.file for r in revisions} | {"manifest.json"}
+        for name in os.listdir(folder):
+            if name not in keep and not name.endswith(".tmp"):
+                self.fs.unlink(os.path.join(folder, name))
+
+    def read(self, session_id: str, root_id: str, rev: Revision) -> list[bytes]:
+        """Return the stored lines of one archived revision."""
+        with open(os.path.join(self.folder(session_id, root_id), rev.file), "rb") as f:
+            data = f.read()
+        return data.split(b"\n")[:-1]
+
+    def sweep(self, session_id: str) -> int:
+        """Remove payload files no manifest names (a crash before a commit); return count."""
+        removed = 0
+        base = self.layout.revisions(session_id)
+        if not os.path.isdir(base):
+            return 0
+        for root_id in os.listdir(base):
+            folder = os.path.join(base, root_id)
+            keep = {r.file for r in self.load(session_id, root_id)} | {"manifest.json"}
+            for name in os.listdir(folder):
+                if name not in keep:
+                    self.fs.unlink(os.path.join(folder, name))
+                    removed += 1
+        return removed

@@ -1,0 +1,77 @@
+"""Streaming checkpoints (ADR 0153): ``sessions/<id>.inflight.json``, one per session.
+
+A checkpoint holds the session's streaming assistant message and its turn id. It is
+replaced atomically (temp file, fsync, rename, folder fsync), never goes into the
+transcript as extra lines and never touches the index until it is promoted. Which
+sessions have one is kept in memory, so an append pays no system call to check.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import msgspec
+from msgspec import Raw, Struct
+
+from host._fs import FileSystem
+from host._layout import Layout
+
+log = logging.getLogger("host.checkpoints")
+
+
+class Checkpoint(Struct, rename="camel"):
+    """The content of one checkpoint file."""
+
+    session_id: str
+    turn_id: str
+    message_id: str
+    message: Raw
+    saved_at: str
+
+
+_DEC = msgspec.json.Decoder(Checkpoint)
+_ENC = msgspec.json.Encoder()
+
+
+class Checkpoints:
+    """Every session's checkpoint file."""
+
+    def __init__(self, layout: Layout, fs: FileSystem) -> None:
+        self.layout = layout
+        self.fs = fs
+        suffix = ".inflight.json"
+        self.present: set[str] = {
+            name[: -len(suffix)] for name in os.listdir(layout.sessions) if name.endswith(suffix)
+        }
+
+    def read(self, session_id: str) -> Checkpoint | None:
+        """Return the session's checkpoint; ``ValueError`` when the file is corrupt."""
+        if session_id not in self.present:
+            return None
+        try:
+            with open(self.layout.inflight(session_id), "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            self.present.discard(session_id)
+            return None
+        try:
+            return _DEC.decode(data)
+        except msgspec.MsgspecError as exc:
+            raise ValueError(f"corrupt checkpoint: {exc}") from None
+
+    def read_raw(self, session_id: str) -> bytes:
+        """Return the checkpoint file's bytes (to quarantine a corrupt one)."""
+        with open(self.layout.inflight(session_id), "rb") as f:
+            return f.read()
+
+    def save(self, cp: Checkpoint) -> None:
+        """Replace the session's checkpoint atomically."""
+        self.fs.write_atomic(self.layout.inflight(cp.session_id), _ENC.encode(cp))
+        self.present.add(cp.session_id)
+
+    def remove(self, session_id: str) -> None:
+        """Remove the session's checkpoint durably."""
+        if self.fs.unlink(self.layout.inflight(session_id)):
+            self.fs.fsync_dir(self.layout.sessions)
+        self.present.discard(session_id)

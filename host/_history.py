@@ -1,0 +1,374 @@
+"""The regenerate pager and host-side truncation (ADR 0060, ADR 0216).
+
+Every call here reads the transcript, archives a branch and stamps or cuts it inside one
+hold of the session's lock: no transcript snapshot crosses the process boundary, so an
+append can never be overwritten by a stale copy. A root's *branch* is every message after
+it up to the next user message. Multi-file changes are written down first as an intent
+(see :mod:`host._intents`) so a crash at any instant ends in the old state or the new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+
+from msgspec import UNSET, Raw
+
+from host._archive import Revision
+from host._errors import AgentBusy, Conflict, InvalidParams, NotFound
+from host._index import Row
+from host._intents import ArchiveStep, CutStep, Intent, StampStep, revisions_of
+from host._messages import Message, parse_incoming, parse_stored
+from host._sessions import SessionMethods
+from host._store import NewLine, OpenSession, Store, now_iso
+from host._transcript import Piece, Transcript
+from host._turns import TurnMethods
+from host._wire import (
+    ENCODER,
+    ActivateParams,
+    ActivateResult,
+    ListRevisionsParams,
+    ListRevisionsResult,
+    Pager,
+    RevisionInfo,
+    SaveActiveParams,
+    SaveActiveResult,
+    SaveRevisionParams,
+    SaveRevisionResult,
+    TruncateParams,
+    TruncateResult,
+)
+
+log = logging.getLogger("host.history")
+Hook = Callable[[str], Awaitable[None]]
+
+
+def _pager(root_id: str, count: int, active: int) -> dict[str, Raw]:
+    return {
+        "revisionRootId": Raw(ENCODER.encode(root_id)),
+        "revisionCount": Raw(ENCODER.encode(count)),
+        "activeRevision": Raw(ENCODER.encode(active)),
+    }
+
+
+def _stamp_of(msg: Message) -> tuple[int, int | None]:
+    """The root's pager as it stands: ``(revisionCount, activeRevision)``."""
+    count = msg.head.revision_count
+    active = msg.head.active_revision
+    return (
+        count if isinstance(count, int) else 0,
+        active if isinstance(active, int) else None,
+    )
+
+
+class HistoryMethods:
+    """Handlers of the revision and truncation methods."""
+
+    def __init__(self, store: Store, sessions: SessionMethods, turns: TurnMethods) -> None:
+        self.store = store
+        self.sessions = sessions
+        self.turns = turns
+        self.archive = store.archive
+        self.intents = store.intents
+        self.hook: Hook | None = None  # tests pause a call at a named point with this
+
+    async def _at(self, point: str) -> None:
+        if self.hook is not None:
+            await self.hook(point)
+
+    # -- helpers (all under the session's lock) -------------------------------------
+
+    async def _root(self, s: OpenSession, root_id: str) -> tuple[Row, Message]:
+        row = await self.store.index.lookup(s.session_id, root_id)
+        if row is None:
+            raise NotFound("message", root_id)
+        msg = parse_stored(await self.store.read_row(s, row))
+        assert msg is not None, "indexed lines are valid messages"
+        return row, msg
+
+    async def _branch(self, s: OpenSession, root: Row) -> list[Row]:
+        end = await self.store.index.next_user_line(s.session_id, root.line)
+        return await self.store.index.rows(s.session_id, root.line + 1, end)
+
+    def _plan(
+        self, sid: str, root_id: str, active: int | None, lines: Sequence[bytes]
+    ) -> tuple[list[Revision], int]:
+        """Archive ``lines`` as ``saveActiveRevision`` would: return the revisions, slot."""
+        revs = self.archive.load(sid, root_id)
+        slot = active if active is not None and 0 <= active < len(revs) else len(revs)
+        if slot < len(revs) and self.archive.read(sid, root_id, revs[slot]) == list(lines):
+            return revs, slot  # the same branch again (a retry): nothing to write
+        name = self.archive.write_payload(sid, root_id, slot, lines)
+        rev = Revision(slot, name, len(lines), now_iso())
+        revs = [*revs[:slot], rev, *revs[slot + 1 :]]
+        return revs, slot
+
+    async def _stamp(
+        self,
+        s: OpenSession,
+        root: Row,
+        msg: Message,
+        pager: dict[str, Raw],
+        branch: Sequence[bytes] | None,
+    ) -> None:
+        """Rewrite the root's line with ``pager`` (and its branch by ``branch``, if given)."""
+        nl = NewLine.of(msg, msg.turn_id, pager)
+        if branch is None:
+            await self.store.rewrite_line(s, root, nl.row(root.line, root.offset), nl.data)
+            return
+        old = await self._branch(s, root)
+        end_line = root.line + 1 + len(old)
+        end_off = old[-1].offset + old[-1].length + 1 if old else root.offset + root.length + 1
+        pieces: list[Piece] = [(0, root.offset), nl.data + b"\n"]
+        rows = [nl.row(root.line, root.offset)]
+        pos = root.offset + len(nl.data) + 1
+        for line in branch:
+            m = parse_stored(line)
+            assert m is not None
+            pieces.append(line + b"\n")
+            rows.append(NewLine.of(m, m.turn_id, m.pager()).row(root.line + len(rows), pos))
+            pos += len(line) + 1
+        pieces.append((end_off, s.size - end_off))
+        for r in await self.store.index.rows(s.session_id, end_line):
+            rows.append(r._replace(line=root.line + len(rows), offset=pos))
+            pos += r.length + 1
+        await self.store.rewrite(s, pieces, rows, keep_from=root.line)
+
+    # -- methods --------------------------------------------------------------------
+
+    async def save_revision(self, p: SaveRevisionParams) -> SaveRevisionResult:
+        msgs = [parse_incoming(m, f"messages[{i}]") for i, m in enumerate(p.messages)]
+        sid = p.session_id
+        async with self.store.locks.hold(sid):
+            s = await self.store.open_session(sid)
+            await self._root(s, p.root_id)
+            lines = [m.stored_line(turn_id=m.turn_id, pager={}) for m in msgs]
+
+            def write() -> int:
+                revs = self.archive.load(sid, p.root_id)
+                name = self.archive.write_payload(sid, p.root_id, len(revs), lines)
+                revs.append(Revision(len(revs), name, len(lines), now_iso()))
+                self.archive.commit(sid, p.root_id, revs)
+                return len(revs)
+
+            count = await asyncio.to_thread(write)
+            return SaveRevisionResult(revision=count - 1, revision_count=count)
+
+    async def list_revisions(self, p: ListRevisionsParams) -> ListRevisionsResult:
+        sid = p.session_id
+        async with self.store.locks.hold(sid):
+            s = await self.store.open_session(sid)
+            _, msg = await self._root(s, p.root_id)
+            count, active = _stamp_of(msg)
+            revs = self.archive.load(sid, p.root_id)
+            infos = []
+            for r in revs:
+                info = RevisionInfo(
+                    revision=r.revision, message_count=r.messageCount, created_at=r.createdAt
+                )
+                if p.include_messages:
+                    lines = await asyncio.to_thread(self.archive.read, sid, p.root_id, r)
+                    info.messages = [Raw(x) for x in lines]
+                infos.append(info)
+            return ListRevisionsResult(
+                root_id=p.root_id, revision_count=count, active_revision=active, revisions=infos
+            )
+
+    async def save_active_revision(self, p: SaveActiveParams) -> SaveActiveResult:
+        sid = p.session_id
+        async with self.store.locks.hold(sid):
+            s = await self.store.open_session(sid)
+            if isinstance(p.root_id, str):
+                root, msg = await self._root(s, p.root_id)
+            else:
+                last = await self.store.index.last_user(sid)
+                if last is None:
+                    raise NotFound("message", "last user message")
+                root, msg = await self._root(s, last.message_id)
+            root_id = root.message_id
+            count, active = _stamp_of(msg)
+            branch = await self._branch(s, root)
+            await self._at("branch-read")
+            if not branch:
+                return SaveActiveResult(
+                    root_id=root_id,
+                    revision_count=count,
+                    active_revision=active,
+                    archived=0,
+                    stamped=False,
+                )
+            lines = await self.store.read_rows(s, branch)
+            revs, slot = await asyncio.to_thread(self._plan, sid, root_id, active, lines)
+            pager = _pager(root_id, len(revs), slot)
+            stamped = pager != msg.pager()
+            intent = Intent(
+                sid,
+                s.transcript.stamp().ino,
+                archive=ArchiveStep(root_id, [_rev(r) for r in revs]),
+                stamp=StampStep(root_id, pager) if stamped else UNSET,
+            )
+            await asyncio.to_thread(self.intents.record, intent)
+            await asyncio.to_thread(self.archive.commit, sid, root_id, revs)
+            if stamped:
+                await self._stamp(s, root, msg, pager, None)
+            await asyncio.to_thread(self.intents.clear, sid)
+            return SaveActiveResult(
+                root_id=root_id,
+                revision_count=len(revs),
+                active_revision=slot,
+                archived=len(lines),
+                stamped=stamped,
+            )
+
+    async def activate_revision(self, p: ActivateParams) -> ActivateResult:
+        sid = p.session_id
+        async with self.store.locks.hold(sid):
+            s = await self.store.open_session(sid)
+            running = await self.store.index.running_turn(sid)
+            if running is not None:
+                raise AgentBusy(f"turn {running!r} is running in session {sid!r}", turnId=running)
+            root, msg = await self._root(s, p.root_id)
+            _, active = _stamp_of(msg)
+            if p.revision >= len(self.archive.load(sid, p.root_id)):
+                raise NotFound("revision", p.revision)
+            branch = await self._branch(s, root)
+            lines = await self.store.read_rows(s, branch)
+            if lines:
+                revs, _slot = await asyncio.to_thread(self._plan, sid, p.root_id, active, lines)
+            else:
+                revs = self.archive.load(sid, p.root_id)
+            chosen = await asyncio.to_thread(self.archive.read, sid, p.root_id, revs[p.revision])
+            await self._check_ids(s, branch, chosen)
+            pager = _pager(p.root_id, len(revs), p.revision)
+            intent = Intent(
+                sid,
+                s.transcript.stamp().ino,
+                archive=ArchiveStep(p.root_id, [_rev(r) for r in revs]),
+                stamp=StampStep(p.root_id, pager, branch_revision=p.revision),
+            )
+            await asyncio.to_thread(self.intents.record, intent)
+            await asyncio.to_thread(self.archive.commit, sid, p.root_id, revs)
+            await self._stamp(s, root, msg, pager, chosen)
+            await asyncio.to_thread(self.intents.clear, sid)
+            return ActivateResult(active_revision=p.revision, revision_count=len(revs))
+
+    async def _check_ids(
+        self, s: OpenSession, branch: Sequence[Row], chosen: Sequence[bytes]
+    ) -> None:
+        leaving = {r.message_id for r in branch}
+        for line in chosen:
+            m = parse_stored(line)
+            assert m is not None
+            if m.id in leaving:
+                continue
+            if await self.store.index.lookup(s.session_id, m.id) is not None:
+                raise Conflict(f"message {m.id!r} of that revision is already in the transcript")
+
+    async def truncate_from(self, p: TruncateParams) -> TruncateResult:
+        if p.from_message_id is UNSET and p.truncate_before is UNSET:
+            raise InvalidParams("session.truncateFrom needs fromMessageId or truncateBefore")
+        sid = p.session_id
+        async with self.store.locks.hold(sid):
+            s = await self.store.open_session(sid)
+            await self.turns.settle_running(s)
+            cut: int | None = None
+            if isinstance(p.from_message_id, str):
+                row = await self.store.index.lookup(sid, p.from_message_id)
+                cut = row.line if row is not None else None
+            if cut is None and isinstance(p.truncate_before, int):
+                cut = p.truncate_before
+            if cut is None:
+                raise NotFound("message", p.from_message_id if p.from_message_id else None)
+            total = s.line_count
+            if cut >= total:  # a retried call: the cut is already made
+                return TruncateResult(kept=total, removed=0, archived=0)
+            (first,) = await self.store.index.rows(sid, cut, cut + 1)
+            step = CutStep(first.offset)
+            keep_from, new_rows = cut, []
+            archive: ArchiveStep | None = None
+            pager: Pager | None = None
+            archived = 0
+            before = await self.store.index.rows(sid, cut - 1, cut) if cut > 0 else []
+            if before and before[0].role == "user" and first.role != "user":
+                root = before[0]
+                _, msg = await self._root(s, root.message_id)
+                branch = await self._branch(s, root)
+                lines = await self.store.read_rows(s, branch)
+                _, active = _stamp_of(msg)
+                revs, _slot = await asyncio.to_thread(
+                    self._plan, sid, root.message_id, active, lines
+                )
+                n = len(revs)
+                stamp = _pager(root.message_id, n + 1, n)
+                nl = NewLine.of(msg, msg.turn_id, stamp)
+                step = CutStep(root.offset, nl.data.decode())
+                keep_from, new_rows = root.line, [nl.row(root.line, root.offset)]
+                archive = ArchiveStep(root.message_id, [_rev(r) for r in revs])
+                pager = Pager(root_id=root.message_id, revision_count=n + 1, active_revision=n)
+                archived = len(lines)
+            intent = Intent(sid, s.transcript.stamp().ino, archive=archive or UNSET, cut=step)
+            await self._at("intent-recorded")
+            await asyncio.to_thread(self.intents.record, intent)
+            await asyncio.to_thread(self.intents.apply_files, intent, s.transcript.fd)
+            stamp_now = s.transcript.stamp()
+            await self.store.index.replace_rows(
+                sid, new_rows, stamp_now, cut, now_iso(), keep_from=keep_from
+            )
+            s.size, s.line_count = stamp_now.size, cut
+            await asyncio.to_thread(self.intents.clear, sid)
+            self.store.count("truncations")
+            return TruncateResult(
+                kept=cut, removed=total - cut, archived=archived, pager=pager or UNSET
+            )
+
+    # -- start-up -------------------------------------------------------------------
+
+    def apply_intent_files(self) -> list[Intent]:
+        """Finish the file steps of intents a dead host left (before reconciliation)."""
+        done = []
+        for intent in self.intents.pending():
+            path = self.store.layout.transcript(intent.session_id)
+            try:
+                t = Transcript(self.store.fs, path)
+            except FileNotFoundError:
+                self.intents.clear(intent.session_id)
+                continue
+            try:
+                if t.stamp().ino != intent.ino:
+                    log.error("session %s: intent for another file dropped", intent.session_id)
+                    self.intents.clear(intent.session_id)
+                    continue
+                self.intents.apply_files(intent, t.fd)
+            finally:
+                t.close()
+            log.warning("session %s: unfinished change completed at start", intent.session_id)
+            self.store.count("recovery.intents_finished")
+            done.append(intent)
+        return done
+
+    async def finish_intents(self, intents: Sequence[Intent]) -> None:
+        """Finish the stamps of those intents once the index is reconciled, then clear them."""
+        for intent in intents:
+            sid = intent.session_id
+            async with self.store.locks.hold(sid):
+                if isinstance(intent.stamp, StampStep):
+                    s = await self.store.open_session(sid)
+                    root, msg = await self._root(s, intent.stamp.message_id)
+                    if msg.pager() != intent.stamp.pager:
+                        branch = None
+                        rev = intent.stamp.branch_revision
+                        if rev is not None and isinstance(intent.archive, ArchiveStep):
+                            revs = revisions_of(intent.archive)
+                            branch = self.archive.read(sid, root.message_id, revs[rev])
+                        await self._stamp(s, root, msg, intent.stamp.pager, branch)
+                self.intents.clear(sid)
+
+
+def _rev(r: Revision) -> dict[str, object]:
+    return {
+        "revision": r.revision,
+        "file": r.file,
+        "messageCount": r.messageCount,
+        "createdAt": r.createdAt,
+    }

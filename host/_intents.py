@@ -1,0 +1,110 @@
+"""Intent records: a multi-file change written down before it starts (ADR 0216).
+
+Truncation and pager stamps touch two things: the revision archive and the transcript.
+Before touching either, the host writes ``sessions/<id>.intent.json`` atomically: the
+archive manifest it will commit, the cut (byte offset, and the restamped root line to
+append after it), and the stamp to set. Every step is an idempotent "make it so", so a
+host that dies at any instant finishes the change at its next start: the result is the
+old state (no intent on disk) or the new one, never a third.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import msgspec
+from msgspec import UNSET, Raw, Struct, UnsetType
+
+from host._archive import Archive, Revision
+from host._fs import FileSystem
+from host._layout import Layout
+
+log = logging.getLogger("host.intents")
+
+
+class ArchiveStep(Struct, rename="camel"):
+    root_id: str
+    revisions: list[dict[str, object]]
+
+
+class CutStep(Struct, rename="camel"):
+    offset: int
+    append: str | None = None  # the restamped root line, written right after the cut
+
+
+class StampStep(Struct, rename="camel"):
+    message_id: str
+    pager: dict[str, Raw]
+    branch_revision: int | None = None  # activateRevision: the branch becomes this revision
+
+
+class Intent(Struct, rename="camel", omit_defaults=True):
+    session_id: str
+    ino: int
+    archive: ArchiveStep | UnsetType = UNSET
+    cut: CutStep | UnsetType = UNSET
+    stamp: StampStep | UnsetType = UNSET
+
+
+_DEC = msgspec.json.Decoder(Intent)
+_ENC = msgspec.json.Encoder()
+
+
+def revisions_of(step: ArchiveStep) -> list[Revision]:
+    return [Revision(**r) for r in step.revisions]  # type: ignore[arg-type]
+
+
+class Intents:
+    """Write, apply and clear intent records."""
+
+    def __init__(self, layout: Layout, fs: FileSystem, archive: Archive) -> None:
+        self.layout = layout
+        self.fs = fs
+        self.archive = archive
+
+    def record(self, intent: Intent) -> None:
+        """Write the intent durably: from here on the change will happen."""
+        self.fs.write_atomic(self.layout.intent(intent.session_id), _ENC.encode(intent))
+
+    def clear(self, session_id: str) -> None:
+        """Remove a finished intent."""
+        if self.fs.unlink(self.layout.intent(session_id)):
+            self.fs.fsync_dir(self.layout.sessions)
+
+    def pending(self) -> list[Intent]:
+        """Return every intent left by a host that died (start-up only)."""
+        out = []
+        for name in sorted(os.listdir(self.layout.sessions)):
+            if not name.endswith(".intent.json"):
+                continue
+            path = os.path.join(self.layout.sessions, name)
+            try:
+                with open(path, "rb") as f:
+                    out.append(_DEC.decode(f.read()))
+            except (OSError, msgspec.MsgspecError) as exc:
+                # An intent is written atomically: a bad one was never recorded.
+                log.error("unreadable intent %s dropped: %s", path, exc)
+                self.fs.unlink(path)
+        return out
+
+    def apply_files(self, intent: Intent, fd: int) -> None:
+        """Make the archive and the cut as the intent says (``fd``: the transcript)."""
+        if isinstance(intent.archive, ArchiveStep):
+            self.archive.commit(
+                intent.session_id, intent.archive.root_id, revisions_of(intent.archive)
+            )
+        if isinstance(intent.cut, CutStep):
+            cut = intent.cut
+            tail = b"" if cut.append is None else cut.append.encode() + b"\n"
+            size = os.fstat(fd).st_size
+            if size == cut.offset + len(tail) and self.fs.pread(fd, len(tail), cut.offset) == tail:
+                return  # already done
+            if size < cut.offset:
+                log.error("session %s: intent cut past end of file ignored", intent.session_id)
+                return
+            self.fs.ftruncate(fd, cut.offset)
+            if tail:
+                os.lseek(fd, 0, os.SEEK_END)
+                self.fs.write_all(fd, tail)
+            self.fs.fsync(fd)

@@ -1,0 +1,183 @@
+"""Turns and the settlement of streaming checkpoints (ADR 0153 and its amendment).
+
+A turn is ``running`` until ``endTurn``; one per session at a time. A checkpoint is
+settled by whichever comes first: the final ``appendMessage`` of its id (removes it),
+``endTurn`` (``completed``/``error`` remove it only once its row is indexed; ``aborted``
+with ``recoverInflight`` promotes it), ``recoverInflightMessages``, or the next start.
+Promotion never writes an empty assistant row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from msgspec import UNSET, Raw
+
+from host._checkpoints import Checkpoint
+from host._errors import AgentBusy, NotFound
+from host._messages import Status, parse_incoming, parse_stored
+from host._recovery import quarantine
+from host._sessions import SessionMethods
+from host._store import OpenSession, Store, now_iso
+from host._wire import (
+    BeginTurnParams,
+    BeginTurnResult,
+    EmptyParams,
+    EndTurnParams,
+    EndTurnResult,
+    RecoveredRow,
+    RecoverResult,
+    SavedResult,
+    SaveInflightParams,
+)
+
+log = logging.getLogger("host.turns")
+
+
+class TurnMethods:
+    """Handlers of the turn and checkpoint methods."""
+
+    def __init__(self, store: Store, sessions: SessionMethods) -> None:
+        self.store = store
+        self.sessions = sessions
+        self.checkpoints = store.checkpoints
+
+    # -- turns ----------------------------------------------------------------------
+
+    async def begin_turn(self, p: BeginTurnParams) -> BeginTurnResult:
+        prompt = parse_incoming(p.prompt, "prompt") if isinstance(p.prompt, Raw) else None
+        sid, tid = p.session_id, p.turn_id
+        async with self.store.locks.hold(sid):
+            s = await self.store.open_session(sid)
+            index = self.store.index
+            if await index.turn(sid, tid) is not None:  # the same turn again: a no-op
+                row = await index.lookup(sid, prompt.id) if prompt else None
+                return BeginTurnResult(turn_id=tid, line=row.line if row else UNSET)
+            running = await index.running_turn(sid)
+            if running is not None:
+                raise AgentBusy(f"turn {running!r} is running in session {sid!r}", turnId=running)
+            await index.begin_turn(sid, tid, now_iso())
+            if prompt is None:
+                return BeginTurnResult(turn_id=tid)
+            try:
+                line, _ = await self.sessions.append_locked(s, prompt, tid)
+            except BaseException:
+                await asyncio.shield(index.forget_turn(sid, tid))
+                raise
+            return BeginTurnResult(turn_id=tid, line=line)
+
+    async def end_turn(self, p: EndTurnParams) -> EndTurnResult:
+        sid, tid = p.session_id, p.turn_id
+        async with self.store.locks.hold(sid):
+            s = await self.store.open_session(sid)
+            status = await self.store.index.turn(sid, tid)
+            if status is None:
+                raise NotFound("turn", tid)
+            if status != "running":  # ending an ended turn changes nothing
+                return EndTurnResult(status=status, recovered=False)
+            recovered = False
+            cp = self.read(sid)
+            if p.status in ("completed", "error"):
+                if cp is not None and await self.store.index.lookup(sid, cp.message_id):
+                    await asyncio.to_thread(self.checkpoints.remove, sid)
+            elif p.recover_inflight and cp is not None and cp.turn_id == tid:
+                recovered = await self.promote(s, cp, "aborted") is not None
+            await self.store.index.end_turn(sid, tid, p.status, now_iso())
+            return EndTurnResult(status=p.status, recovered=recovered)
+
+    async def settle_running(self, s: OpenSession) -> None:
+        """End the session's running turn ``aborted``, promoting its checkpoint (ADR 0216)."""
+        tid = await self.store.index.running_turn(s.session_id)
+        if tid is None:
+            return
+        cp = self.read(s.session_id)
+        if cp is not None and cp.turn_id == tid:
+            await self.promote(s, cp, "aborted")
+        await self.store.index.end_turn(s.session_id, tid, "aborted", now_iso())
+        log.info("session %s: running turn %s ended aborted by a truncation", s.session_id, tid)
+
+    # -- checkpoints ----------------------------------------------------------------
+
+    async def save_inflight(self, p: SaveInflightParams) -> SavedResult:
+        msg = parse_incoming(p.message)
+        sid = p.session_id
+        async with self.store.locks.hold(sid):
+            await self.store.open_session(sid)
+            if await self.store.index.lookup(sid, msg.id) is not None:
+                self.store.count("checkpoints.dropped_late")
+                return SavedResult(saved=False)  # a late write never resurrects a final row
+            cp = Checkpoint(sid, p.turn_id, msg.id, p.message, now_iso())
+            await asyncio.to_thread(self.checkpoints.save, cp)
+            self.store.count("checkpoints.saved")
+            return SavedResult(saved=True)
+
+    def read(self, session_id: str) -> Checkpoint | None:
+        """Return the session's checkpoint; a corrupt one is quarantined and ignored."""
+        try:
+            return self.checkpoints.read(session_id)
+        except ValueError as exc:
+            raw = self.checkpoints.read_raw(session_id)
+            quarantine(self.store, session_id, [(-1, 0, raw, f"checkpoint file: {exc}")])
+            self.checkpoints.remove(session_id)
+            return None
+
+    async def promote(self, s: OpenSession, cp: Checkpoint, status: Status) -> RecoveredRow | None:
+        """Append the checkpoint as a row with ``status``; ``None`` when it was dropped."""
+        sid = s.session_id
+        msg = parse_stored(bytes(cp.message))
+        why = None
+        if msg is None:
+            why = "not a valid message"
+        elif await self.store.index.lookup(sid, msg.id) is not None:
+            why = "its row is already stored"
+        elif not msg.has_content():
+            why = "it is empty (an empty reply breaks every later model call)"
+        if msg is None or why is not None:
+            log.warning("session %s: checkpoint of %s dropped: %s", sid, cp.message_id, why)
+            self.store.count("checkpoints.dropped")
+            await asyncio.to_thread(self.checkpoints.remove, sid)
+            return None
+        await self.sessions.append_locked(s, msg.with_status(status), cp.turn_id)
+        log.info("session %s: checkpoint of %s promoted as %s", sid, msg.id, status)
+        self.store.count("checkpoints.promoted")
+        return RecoveredRow(session_id=sid, message_id=msg.id, turn_id=cp.turn_id, status=status)
+
+    async def recover_inflight(self, p: EmptyParams) -> RecoverResult:
+        out: list[RecoveredRow] = []
+        for sid in sorted(self.checkpoints.present):
+            async with self.store.locks.hold(sid):
+                row = await self._settle_leftover(sid, wait_completed=False)
+                if row is not None:
+                    out.append(row)
+        return RecoverResult(recovered=out)
+
+    async def _settle_leftover(self, sid: str, *, wait_completed: bool) -> RecoveredRow | None:
+        try:
+            s = await self.store.open_session(sid)
+        except NotFound:
+            log.warning("checkpoint of absent session %s removed", sid)
+            await asyncio.to_thread(self.checkpoints.remove, sid)
+            return None
+        cp = self.read(sid)
+        if cp is None:
+            return None
+        turn = await self.store.index.turn(sid, cp.turn_id)
+        if turn == "completed":
+            if wait_completed:
+                return None  # the outbox's finished row wins (ADR 0153 amendment)
+            return await self.promote(s, cp, "complete")
+        row = await self.promote(s, cp, "aborted")
+        if turn == "running":
+            await self.store.index.end_turn(sid, cp.turn_id, "aborted", now_iso())
+        return row
+
+    async def recover_at_start(self) -> None:
+        """Abort running turns; promote leftovers whose turn is not completed."""
+        for sid, tid in await self.store.index.abort_running_turns(now_iso()):
+            log.warning("session %s: turn %s was running at start: now aborted", sid, tid)
+            self.store.count("recovery.turns_aborted")
+        for sid in sorted(self.checkpoints.present):
+            async with self.store.locks.hold(sid):
+                if await self._settle_leftover(sid, wait_completed=True) is not None:
+                    self.store.count("recovery.checkpoints_promoted")
