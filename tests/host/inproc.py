@@ -1,0 +1,93 @@
+"""In-process helpers: a real Host on real files, called through its handler table.
+
+For tests that need to pause a call inside its lock or to crash the store at its Nth file
+operation; everything protocol-shaped is tested over the real subprocess in tests/e2e.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+
+from host import FileSystem, Host
+from host._errors import HostError
+from host._wire import DECODERS
+
+
+class Crash(BaseException):
+    """The process died here: nothing after this point runs."""
+
+
+class CrashingFileSystem(FileSystem):
+    """A file system whose Nth call, and every call after it, kills the "process"."""
+
+    def __init__(self, crash_at: int) -> None:
+        self.crash_at = crash_at
+        self.calls = 0
+        self.armed = False  # start-up's own file operations are not counted
+
+    def _tick(self) -> None:
+        if not self.armed:
+            return
+        self.calls += 1
+        if self.calls >= self.crash_at:
+            raise Crash(f"crash at file operation {self.calls}")
+
+
+for _name in (
+    "open",
+    "write_all",
+    "copy_range",
+    "fsync",
+    "fsync_dir",
+    "ftruncate",
+    "rename",
+    "unlink",
+    "mkdir",
+):
+
+    def _wrap(name: str) -> Any:
+        base = getattr(FileSystem, name)
+
+        def method(self: CrashingFileSystem, *args: Any, **kwargs: Any) -> Any:
+            self._tick()
+            return base(self, *args, **kwargs)
+
+        return method
+
+    setattr(CrashingFileSystem, _name, _wrap(_name))
+
+
+class Client:
+    """Calls a Host's handlers the way the endpoint does: params decoded from JSON."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+
+    async def __call__(self, method: str, **params: Any) -> Any:
+        p = DECODERS[method].decode(json.dumps(params).encode())
+        result = await self.host.handlers[method](p)
+        return json.loads(msgspec.json.encode(result))
+
+    async def error(self, method: str, **params: Any) -> dict[str, Any]:
+        try:
+            await self(method, **params)
+        except HostError as exc:
+            return exc.to_object()
+        raise AssertionError(f"{method} did not fail")
+
+
+@contextlib.asynccontextmanager
+async def open_host(data_dir: str, fs: FileSystem | None = None) -> AsyncIterator[Client]:
+    os.makedirs(data_dir, exist_ok=True)
+    async with Host.open(data_dir, fs) as host:
+        yield Client(host)
+
+
+def msg(mid: str, role: str = "assistant", content: str = "text", **extra: Any) -> dict[str, Any]:
+    return {"id": mid, "role": role, "content": content, **extra}
