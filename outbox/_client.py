@@ -1,0 +1,212 @@
+"""The host client: spawn ``python -m host serve`` (or connect to its socket) and call it.
+
+Responses are matched by id and may come back in any order. Every call has a deadline
+(130 s by default); when it passes the client sends ``$/cancelRequest`` and raises
+:class:`CallTimeout`. When the host dies every pending call fails with :class:`HostGone`.
+
+    ClientError
+    ├── HostGone        the host process or socket went away
+    ├── CallTimeout     a call's deadline passed (a cancel was sent)
+    └── RemoteError     the host answered with a JSON-RPC error (``code``, ``name``, ``data``)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import sys
+from typing import Any
+
+import msgspec
+
+log = logging.getLogger("outbox.client")
+PROTOCOL_VERSION = 11
+DEFAULT_DEADLINE = 130.0
+_ENC = msgspec.json.Encoder()
+_DEC = msgspec.json.Decoder()
+
+
+class ClientError(Exception):
+    """Base of the client's errors."""
+
+
+class HostGone(ClientError):
+    """Raised when the host went away before answering."""
+
+
+class CallTimeout(ClientError):
+    """Raised when a call's deadline passed; ``$/cancelRequest`` was sent."""
+
+
+class RemoteError(ClientError):
+    """Raised when the host answered a call with an error object."""
+
+    def __init__(self, error: dict[str, Any]) -> None:
+        super().__init__(f"{error.get('message')} ({error.get('code')})")
+        self.code: int = error.get("code", 0)
+        self.data: dict[str, Any] = error.get("data") or {}
+        self.name: str = self.data.get("code", "")
+
+
+class HostClient:
+    """One connection to a host."""
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        proc: asyncio.subprocess.Process | None = None,
+        deadline: float = DEFAULT_DEADLINE,
+    ) -> None:
+        self._reader = reader
+        self._writer = writer
+        self.proc = proc
+        self.deadline = deadline
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._task = asyncio.create_task(self._read_loop())
+        self.gone = asyncio.Event()
+
+    @classmethod
+    async def spawn(
+        cls, data_dir: str, *, log_path: str | None = None, deadline: float = DEFAULT_DEADLINE
+    ) -> HostClient:
+        """Start ``python -m host serve --data-dir`` and connect over its pipes."""
+        stderr = open(log_path, "ab") if log_path else None  # noqa: SIM115 - child owns it
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "host",
+                "serve",
+                "--data-dir",
+                data_dir,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=stderr if stderr else None,
+                limit=1 << 26,
+            )
+        finally:
+            if stderr:
+                stderr.close()
+        assert proc.stdout is not None and proc.stdin is not None
+        writer = proc.stdin
+        return cls(proc.stdout, writer, proc, deadline)
+
+    @classmethod
+    async def connect(cls, socket_path: str, *, deadline: float = DEFAULT_DEADLINE) -> HostClient:
+        """Connect to a host serving on a Unix socket."""
+        reader, writer = await asyncio.open_unix_connection(socket_path, limit=1 << 26)
+        return cls(reader, writer, None, deadline)
+
+    async def handshake(self) -> dict[str, Any]:
+        """Handshake with protocol version 11."""
+        result: dict[str, Any] = await self.call(
+            "handshake", {"protocolVersion": PROTOCOL_VERSION, "client": {"name": "outbox"}}
+        )
+        return result
+
+    async def _read_loop(self) -> None:
+        try:
+            while True:
+                line = await self._reader.readline()
+                if not line:
+                    break
+                try:
+                    msg = _DEC.decode(line)
+                except msgspec.DecodeError:
+                    log.error("host sent a line that is not JSON: %r", line[:200])
+                    continue
+                for item in msg if isinstance(msg, list) else [msg]:
+                    rid = item.get("id") if isinstance(item, dict) else None
+                    fut = self._pending.pop(rid, None) if isinstance(rid, int) else None
+                    if fut is not None and not fut.done():
+                        fut.set_result(item)
+        except (ConnectionError, asyncio.IncompleteReadError, ValueError) as exc:
+            log.warning("host connection lost: %s", exc)
+        finally:
+            self.gone.set()
+            for fut in self._pending.values():
+                if not fut.done():
+                    fut.set_exception(HostGone("the host went away before answering"))
+            self._pending.clear()
+
+    def _send(self, obj: Any) -> None:
+        if self.gone.is_set():
+            raise HostGone("the host is gone")
+        self._writer.write(_ENC.encode(obj) + b"\n")
+
+    async def _await(self, rid: int, fut: asyncio.Future[Any], timeout: float | None) -> Any:
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), timeout or self.deadline)
+        except TimeoutError:
+            self._pending.pop(rid, None)
+            with contextlib.suppress(ClientError, ConnectionError):
+                self._send({"jsonrpc": "2.0", "method": "$/cancelRequest", "params": {"id": rid}})
+            raise CallTimeout(f"call {rid} got no answer within its deadline") from None
+
+    async def call(
+        self, method: str, params: dict[str, Any] | None = None, *, timeout: float | None = None
+    ) -> Any:
+        """Call ``method`` and return its result, or raise."""
+        rid = next(self._ids)
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = fut
+        self._send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params or {}})
+        try:
+            await self._writer.drain()
+        except ConnectionError as exc:
+            self._pending.pop(rid, None)
+            raise HostGone(str(exc)) from None
+        reply = await self._await(rid, fut, timeout)
+        if "error" in reply:
+            raise RemoteError(reply["error"])
+        return reply.get("result")
+
+    async def batch(
+        self, calls: list[tuple[str, dict[str, Any]]], *, timeout: float | None = None
+    ) -> list[Any]:
+        """Send calls as one JSON-RPC batch; return each result or its ``RemoteError``."""
+        loop = asyncio.get_running_loop()
+        ids = [next(self._ids) for _ in calls]
+        futs = []
+        for rid in ids:
+            fut: asyncio.Future[Any] = loop.create_future()
+            self._pending[rid] = fut
+            futs.append(fut)
+        body = [
+            {"jsonrpc": "2.0", "id": rid, "method": m, "params": p}
+            for rid, (m, p) in zip(ids, calls, strict=True)
+        ]
+        self._send(body)
+        try:
+            await self._writer.drain()
+        except ConnectionError as exc:
+            raise HostGone(str(exc)) from None
+        out: list[Any] = []
+        for rid, fut in zip(ids, futs, strict=True):
+            reply = await self._await(rid, fut, timeout)
+            out.append(RemoteError(reply["error"]) if "error" in reply else reply.get("result"))
+        return out
+
+    async def close(self, timeout: float = 10.0) -> None:
+        """End input (the host finishes in-flight calls and exits 0), then wait for it."""
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            self._writer.close()
+        if self.proc is not None:
+            try:
+                await asyncio.wait_for(self.proc.wait(), timeout)
+            except TimeoutError:
+                log.error("host did not exit within %.0f s of end of input: killed", timeout)
+                self.proc.kill()
+                await self.proc.wait()
+        await self._task
+
+    def kill(self) -> None:
+        """Kill the host process (tests and crash drills)."""
+        if self.proc is not None and self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, 9)

@@ -1,0 +1,165 @@
+"""The outbox's durable journal: ``<app dir>/outbox.jsonl``.
+
+One line per entry (``{"seq", "sessionId", "turnId", "message"}``) and one per
+acknowledgement (``{"ack": seq}``). ``append`` returns once the entry is fsynced; entries
+that arrive while an fsync is in flight share the next one (group commit). Acks are not
+fsynced: a lost ack only means the entry is sent again, and the host deduplicates by id.
+Once everything is acknowledged the file is compacted by atomic replace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import msgspec
+from msgspec import UNSET, Raw, Struct, UnsetType
+
+log = logging.getLogger("outbox.journal")
+
+
+class Entry(Struct, rename="camel", omit_defaults=True):
+    """One message waiting to reach the host."""
+
+    seq: int
+    session_id: str
+    message: Raw
+    turn_id: str | None = None
+
+
+class _Line(Struct, rename="camel", omit_defaults=True):
+    seq: int | UnsetType = UNSET
+    session_id: str | UnsetType = UNSET
+    message: Raw | UnsetType = UNSET
+    turn_id: str | None = None
+    ack: int | UnsetType = UNSET
+
+
+_DEC = msgspec.json.Decoder(_Line)
+_ENC = msgspec.json.Encoder()
+COMPACT_AFTER = 4096  # acknowledged entries before an idle journal is rewritten
+
+
+class Journal:
+    """Append-only, fsynced, compacted when idle."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.pending: dict[int, Entry] = {}
+        self.next_seq = 1
+        self._fd = -1
+        self._written = 0  # highest seq written to the page cache
+        self._synced = 0  # highest seq known durable
+        self._sync: asyncio.Future[None] | None = None
+        self._acked_since_compact = 0
+        self.fsyncs = 0
+
+    @classmethod
+    @asynccontextmanager
+    async def open(cls, path: str) -> AsyncIterator[Journal]:
+        """Open (recovering) the journal at ``path``."""
+        j = cls(path)
+        await asyncio.to_thread(j._load)
+        try:
+            yield j
+        finally:
+            if j._fd >= 0:
+                os.close(j._fd)
+
+    def _load(self) -> None:
+        os.makedirs(os.path.dirname(self.path) or ".", mode=0o700, exist_ok=True)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        with open(self.path, "rb") as f:
+            data = f.read()
+        pos = bad = 0
+        while (nl := data.find(b"\n", pos)) >= 0:
+            raw, at, pos = data[pos:nl], pos, nl + 1
+            try:
+                line = _DEC.decode(raw)
+            except msgspec.MsgspecError:
+                bad += 1
+                log.error("journal: unreadable entry at byte %d skipped", at)
+                continue
+            if isinstance(line.ack, int):
+                self.pending.pop(line.ack, None)
+            elif (
+                isinstance(line.seq, int)
+                and isinstance(line.message, Raw)
+                and isinstance(line.session_id, str)
+            ):
+                entry = Entry(line.seq, line.session_id, line.message, line.turn_id)
+                self.pending[line.seq] = entry
+                self.next_seq = max(self.next_seq, line.seq + 1)
+        if pos < len(data):  # never acknowledged to the caller: enqueue had not returned
+            log.warning("journal: torn last entry (%d bytes) cut", len(data) - pos)
+            os.ftruncate(self._fd, pos)
+            os.fsync(self._fd)
+        self._written = self._synced = self.next_seq - 1
+        if bad:
+            log.error("journal: %d unreadable entr(ies) skipped", bad)
+        if not self.pending and data:
+            self._compact()
+
+    async def append(self, session_id: str, message: bytes, turn_id: str | None) -> Entry:
+        """Write one entry and return once it is durable."""
+        entry = Entry(self.next_seq, session_id, Raw(message), turn_id)
+        self.next_seq += 1
+        os.write(self._fd, _ENC.encode(entry) + b"\n")
+        self._written = entry.seq
+        self.pending[entry.seq] = entry
+        await self._sync_through(entry.seq)
+        return entry
+
+    async def _sync_through(self, seq: int) -> None:
+        while self._synced < seq:
+            if self._sync is not None:
+                await asyncio.shield(self._sync)
+                continue
+            target = self._written
+            self._sync = asyncio.get_running_loop().create_future()
+            try:
+                await asyncio.to_thread(os.fsync, self._fd)
+                self.fsyncs += 1
+                self._synced = max(self._synced, target)
+                self._sync.set_result(None)
+            except BaseException as exc:
+                self._sync.set_exception(exc)
+                self._sync.exception()  # retrieved: each waiter re-raises its own below
+                raise
+            finally:
+                self._sync = None
+
+    def ack(self, seq: int) -> None:
+        """Mark an entry acknowledged by the host (not fsynced: a replay is harmless)."""
+        if self.pending.pop(seq, None) is None:
+            return
+        os.write(self._fd, b'{"ack":%d}\n' % seq)
+        self._acked_since_compact += 1
+        if not self.pending and self._acked_since_compact >= COMPACT_AFTER:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Replace the journal by its pending entries (atomic replace, folder fsync)."""
+        tmp = f"{self.path}.{os.urandom(4).hex()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, b"".join(_ENC.encode(e) + b"\n" for e in self.pending.values()))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, self.path)
+        dfd = os.open(os.path.dirname(os.path.abspath(self.path)), os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        os.close(self._fd)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
+        self._acked_since_compact = 0
+
+    def stats(self) -> dict[str, Any]:
+        return {"pending": len(self.pending), "fsyncs": self.fsyncs, "nextSeq": self.next_seq}

@@ -1,0 +1,165 @@
+"""The persistence outbox (ADR 0041): rows go to the journal first, then to the host.
+
+``enqueue`` returns once the entry is durable in the journal. A background task drains
+entries in order into ``session.appendMessage``, as JSON-RPC batches of up to
+:data:`BATCH` entries, so a backlog costs a round trip per batch, not per row. The host
+deduplicates by message id, so replaying after a crash is safe: at least once in,
+exactly once stored.
+
+Answers: ok -> acknowledged; ``NOT_FOUND`` (the session is gone), ``INVALID_PARAMS``
+or ``CONFLICT`` (the entry can never succeed) -> dropped with a warning; anything else
+(``STORAGE_ERROR``, the host down or slow) -> retried with backoff, the session's later
+entries held back so that its rows stay in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import msgspec
+
+from outbox._client import ClientError, HostClient, RemoteError
+from outbox._journal import Entry, Journal
+
+log = logging.getLogger("outbox")
+BATCH = 256
+DROP = {"NOT_FOUND", "INVALID_PARAMS", "CONFLICT"}
+_ENC = msgspec.json.Encoder()
+
+
+class DrainTimeout(Exception):
+    """Raised when ``drain`` could not see every earlier entry acknowledged in time."""
+
+
+class Outbox:
+    """The durable queue between the app and the host."""
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+        self.client: HostClient | None = None
+        self._wake = asyncio.Event()
+        self._progress = asyncio.Condition()
+        self._task: asyncio.Task[None] | None = None
+        self.backoff = (0.05, 2.0)
+        self.stats = {"enqueued": 0, "acked": 0, "dropped": 0, "retries": 0, "batches": 0}
+        self.on_ack: Callable[[Entry], None] | None = None
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def open(cls, path: str) -> AsyncIterator[Outbox]:
+        """Open the journal at ``path`` and run the drain task until closed."""
+        async with Journal.open(path) as journal:
+            box = cls(journal)
+            box._task = asyncio.create_task(box._drain_loop())
+            try:
+                yield box
+            finally:
+                box._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await box._task
+
+    def attach(self, client: HostClient | None) -> None:
+        """Drain into ``client`` from now on (``None``: the host is down)."""
+        self.client = client
+        self._wake.set()
+
+    @property
+    def depth(self) -> int:
+        return len(self.journal.pending)
+
+    async def enqueue(
+        self, session_id: str, message: dict[str, Any] | bytes, turn_id: str | None = None
+    ) -> Entry:
+        """Persist a row for the host; returns once it is durable on disk."""
+        raw = message if isinstance(message, bytes) else _ENC.encode(message)
+        entry = await self.journal.append(session_id, raw, turn_id)
+        self.stats["enqueued"] += 1
+        self._wake.set()
+        return entry
+
+    async def drain(self, timeout: float, session_id: str | None = None) -> None:
+        """Return once every entry enqueued before now (of ``session_id``) is acknowledged."""
+        upto = self.journal.next_seq - 1
+
+        def done() -> bool:
+            return not any(
+                e.seq <= upto and (session_id is None or e.session_id == session_id)
+                for e in self.journal.pending.values()
+            )
+
+        self._wake.set()
+        try:
+            async with asyncio.timeout(timeout):
+                async with self._progress:
+                    await self._progress.wait_for(done)
+        except TimeoutError:
+            left = sum(1 for e in self.journal.pending.values() if e.seq <= upto)
+            raise DrainTimeout(
+                f"outbox not drained within {timeout:.1f} s: {left} entr(ies) still pending"
+            ) from None
+
+    async def _drain_loop(self) -> None:
+        delay = self.backoff[0]
+        while True:
+            if not self.journal.pending or self.client is None or self.client.gone.is_set():
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            client = self.client
+            entries = sorted(self.journal.pending.values(), key=lambda e: e.seq)[:BATCH]
+            try:
+                results = await client.batch(
+                    [("session.appendMessage", _params(e)) for e in entries]
+                )
+                self.stats["batches"] += 1
+            except ClientError as exc:
+                log.warning("outbox: host unavailable (%s); retrying in %.2f s", exc, delay)
+                self.stats["retries"] += 1
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.backoff[1])
+                continue
+            failed = self._settle(entries, results)
+            async with self._progress:
+                self._progress.notify_all()
+            if failed:
+                self.stats["retries"] += 1
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.backoff[1])
+            else:
+                delay = self.backoff[0]
+
+    def _settle(self, entries: list[Entry], results: list[Any]) -> bool:
+        held: set[str] = set()
+        for entry, result in zip(entries, results, strict=True):
+            if entry.session_id in held:
+                continue
+            if isinstance(result, RemoteError):
+                if result.name in DROP:
+                    log.warning(
+                        "outbox: entry %d for session %s dropped: %s",
+                        entry.seq,
+                        entry.session_id,
+                        result,
+                    )
+                    self.stats["dropped"] += 1
+                else:
+                    log.warning("outbox: entry %d will be retried: %s", entry.seq, result)
+                    held.add(entry.session_id)
+                    continue
+            else:
+                self.stats["acked"] += 1
+            self.journal.ack(entry.seq)
+            if self.on_ack is not None:
+                self.on_ack(entry)
+        return bool(held)
+
+
+def _params(e: Entry) -> dict[str, Any]:
+    p: dict[str, Any] = {"sessionId": e.session_id, "message": e.message}
+    if e.turn_id is not None:
+        p["turnId"] = e.turn_id
+    return p
