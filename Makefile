@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 DATA   ?= ./data
 RUNDIR ?= ./run
 
-.PHONY: install test lint run serve bench clean
+.PHONY: install test lint run demo serve stop bench clean
 
 install: $(STAMP)
 
@@ -26,11 +26,22 @@ test: lint
 	$(BIN)/python -m pytest -q
 
 run: $(STAMP)
-	$(BIN)/python scripts/demo.py --data-dir $(DATA)
+	$(BIN)/python -m outbox drive --data-dir $(DATA)
+	$(BIN)/python -m host verify --data-dir $(DATA)/host
 
+demo: $(STAMP)
+	$(BIN)/python scripts/demo.py --data-dir $(DATA)/demo
+
+# The host as a local background service on $(RUNDIR)/host.sock; `make stop` ends it.
 serve: $(STAMP)
 	mkdir -p -m 0700 $(RUNDIR)
-	$(BIN)/python -m host serve --data-dir $(DATA) --socket $(RUNDIR)/host.sock
+	nohup $(BIN)/python -m host serve --data-dir $(DATA)/service --socket $(RUNDIR)/host.sock \
+		>>$(RUNDIR)/host.log 2>&1 & echo $$! > $(RUNDIR)/host.pid
+	for i in $$(seq 100); do test -S $(RUNDIR)/host.sock && break; sleep 0.1; done
+	test -S $(RUNDIR)/host.sock && echo "host serving on $(RUNDIR)/host.sock (pid $$(cat $(RUNDIR)/host.pid), log $(RUNDIR)/host.log)"
+
+stop:
+	test -f $(RUNDIR)/host.pid && kill $$(cat $(RUNDIR)/host.pid) && rm -f $(RUNDIR)/host.pid || true
 
 bench: $(STAMP)
 	$(BIN)/python scripts/bench.py

@@ -1,0 +1,259 @@
+"""The turn driver: agent events in, durable rows and checkpoints out (ADR 0153).
+
+Rows (the prompt aside, which ``beginTurn`` stores directly) go through the outbox.
+The newest ``message_update`` snapshot is checkpointed at most every 1.5 s with a
+trailing write; at ``message_end`` the finished snapshot is checkpointed, the session's
+checkpoint state is settled only if no newer turn started during that write, and the
+final row is enqueued. Tool rows and delegate replies are never checkpointed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from outbox._client import ClientError, HostClient
+from outbox._outbox import DrainTimeout, Outbox
+
+log = logging.getLogger("outbox.driver")
+CHECKPOINT_INTERVAL = 1.5
+DRAIN_TIMEOUT = 10.0
+QUIT_DRAIN = 2.0
+
+
+class Clock(Protocol):
+    def now(self) -> float: ...
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class RealClock:
+    """The monotonic clock and ``asyncio.sleep``."""
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+class Throttle:
+    """Keep the newest snapshot; save at most every ``interval`` with a trailing write."""
+
+    def __init__(
+        self,
+        save: Callable[[dict[str, Any]], Awaitable[None]],
+        clock: Clock,
+        interval: float = CHECKPOINT_INTERVAL,
+    ) -> None:
+        self._save = save
+        self._clock = clock
+        self.interval = interval
+        self.latest: dict[str, Any] | None = None
+        self._last = float("-inf")
+        self._task: asyncio.Task[None] | None = None
+
+    def update(self, snapshot: dict[str, Any]) -> None:
+        """Note a newer snapshot; a write happens now or at the end of the interval."""
+        self.latest = snapshot
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        while self.latest is not None:
+            wait = self._last + self.interval - self._clock.now()
+            if wait > 0:
+                await self._clock.sleep(wait)
+            snap, self.latest = self.latest, None
+            if snap is None:
+                return
+            self._last = self._clock.now()
+            await self._save(snap)
+
+    async def flush(self) -> None:
+        """Write the newest snapshot now, if one is waiting (quit)."""
+        self.cancel()
+        if self.latest is not None:
+            snap, self.latest = self.latest, None
+            await self._save(snap)
+
+    def cancel(self) -> None:
+        """Drop a pending trailing write (``message_end`` writes the final one itself)."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        self._task = None
+
+
+@dataclass
+class TurnState:
+    """One running turn of the driver."""
+
+    session_id: str
+    turn_id: str
+    throttle: Throttle
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+Emit = Callable[[dict[str, Any]], None]
+
+
+class TurnDriver:
+    """Turns agent events into durable rows, checkpoints and turn ends."""
+
+    def __init__(
+        self,
+        client: HostClient,
+        outbox: Outbox,
+        *,
+        clock: Clock | None = None,
+        emit: Emit | None = None,
+        drain_timeout: float = DRAIN_TIMEOUT,
+    ) -> None:
+        self.client = client
+        self.outbox = outbox
+        self.clock = clock or RealClock()
+        self.emit = emit or (lambda _e: None)
+        self.drain_timeout = drain_timeout
+        self.active: dict[str, TurnState] = {}  # session -> its running turn
+        self.inflight: dict[str, Throttle] = {}  # session -> the checkpoint state it keeps
+        self.stats = {"checkpoints": 0, "turns": 0, "skipped_archives": 0, "rows": 0}
+
+    async def enqueue(self, session_id: str, message: dict[str, Any], turn_id: str) -> None:
+        await self.outbox.enqueue(session_id, message, turn_id)
+        self.stats["rows"] += 1
+        self.emit({"event": "durable", "sessionId": session_id, "messageId": message["id"]})
+
+    async def _checkpoint(self, st: TurnState, message: dict[str, Any]) -> None:
+        try:
+            res = await self.client.call(
+                "session.saveInflightMessage",
+                {"sessionId": st.session_id, "turnId": st.turn_id, "message": message},
+            )
+        except ClientError as exc:
+            log.warning("checkpoint of %s not saved: %s", message.get("id"), exc)
+            return
+        if res.get("saved"):
+            self.stats["checkpoints"] += 1
+            self.emit(
+                {
+                    "event": "checkpoint",
+                    "sessionId": st.session_id,
+                    "messageId": message["id"],
+                    "chars": len(text_of(message)),
+                }
+            )
+
+    def _settle_if(self, st: TurnState) -> None:
+        """Forget the session's checkpoint state unless a newer turn owns it now."""
+        st.throttle.cancel()
+        if self.inflight.get(st.session_id) is st.throttle:
+            del self.inflight[st.session_id]
+
+    async def begin(
+        self, session_id: str, turn_id: str, prompt: dict[str, Any] | None
+    ) -> TurnState:
+        """Open a turn after the session's outbox drained (no prompt ahead of a reply)."""
+        await self.outbox.drain(self.drain_timeout, session_id)
+        params: dict[str, Any] = {"sessionId": session_id, "turnId": turn_id}
+        if prompt is not None:
+            params["prompt"] = prompt
+        await self.client.call("session.beginTurn", params)
+        if prompt is not None:
+            self.emit({"event": "durable", "sessionId": session_id, "messageId": prompt["id"]})
+        st = TurnState(session_id, turn_id, Throttle(lambda m: self._checkpoint(st, m), self.clock))
+        self.active[session_id] = st
+        self.inflight[session_id] = st.throttle
+        self.stats["turns"] += 1
+        return st
+
+    async def run(
+        self, st: TurnState, events: AsyncIterator[dict[str, Any]], *, regenerate: bool = False
+    ) -> str:
+        """Consume one turn's events; return how it ended."""
+        outcome = "crashed"  # a stream that ends without agent_end: the runtime is gone
+        async for ev in events:
+            kind = ev["type"]
+            m = ev.get("message")
+            if kind == "message_update" and m and m.get("role") == "assistant":
+                if not m.get("delegate"):
+                    st.throttle.update(m)
+            elif kind == "message_end" and m:
+                if m.get("role") == "assistant" and not m.get("delegate"):
+                    st.throttle.cancel()
+                    await self._checkpoint(st, m)
+                    self._settle_if(st)
+                await self.enqueue(st.session_id, m, st.turn_id)
+            elif kind == "tool_execution_end":
+                await self.enqueue(st.session_id, ev["row"], st.turn_id)
+            elif kind == "agent_end":
+                outcome = ev["reason"]
+                break
+        await self.end(st, outcome)
+        if regenerate and outcome == "completed":
+            await self.save_active(st.session_id)
+        return outcome
+
+    async def end(self, st: TurnState, outcome: str) -> None:
+        """End the turn on the host as ``outcome`` says."""
+        if outcome == "crashed":
+            await st.throttle.flush()
+            params = {"status": "aborted", "recoverInflight": True}
+        elif outcome == "stopped":
+            params = {"status": "aborted"}
+        elif outcome == "error":
+            params = {"status": "error"}
+        else:
+            params = {"status": "completed"}
+        self._settle_if(st)
+        await self.client.call(
+            "session.endTurn", {"sessionId": st.session_id, "turnId": st.turn_id, **params}
+        )
+        if self.active.get(st.session_id) is st:
+            del self.active[st.session_id]
+
+    async def save_active(self, session_id: str) -> None:
+        """Archive a finished regenerate branch, after the drain (ADR 0060)."""
+        try:
+            await self.outbox.drain(self.drain_timeout, session_id)
+        except DrainTimeout as exc:
+            self.stats["skipped_archives"] += 1
+            log.warning("archive of session %s skipped: %s", session_id, exc)
+            return
+        await self.client.call("session.saveActiveRevision", {"sessionId": session_id})
+
+    async def truncate_last_reply(self, session_id: str) -> tuple[str, list[str]] | None:
+        """Cut the last reply away for a regenerate; return ``(prompt id, cut ids)``."""
+        page = await self.client.call("session.get", {"sessionId": session_id, "limit": 64})
+        msgs = page["messages"]
+        users = [i for i, m in enumerate(msgs) if m["role"] == "user"]
+        if not users or users[-1] == len(msgs) - 1:
+            return None
+        root = users[-1]
+        cut = [m["id"] for m in msgs[root + 1 :]]
+        await self.client.call(
+            "session.truncateFrom", {"sessionId": session_id, "fromMessageId": cut[0]}
+        )
+        self.emit({"event": "cut", "sessionId": session_id, "messageIds": cut})
+        return msgs[root]["id"], cut
+
+    async def quit(self, stop_agents: Callable[[], None], wait: float = QUIT_DRAIN) -> None:
+        """Flush checkpoints, abort active turns, wait (bounded) for their rows to drain."""
+        for throttle in list(self.inflight.values()):
+            await throttle.flush()
+        stop_agents()
+        with contextlib.suppress(DrainTimeout):
+            await self.outbox.drain(wait)
+
+
+def text_of(message: dict[str, Any]) -> str:
+    """The text a message shows (string content, or its text blocks joined)."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(b.get("text", "") for b in content if isinstance(b, dict))
+    return ""
