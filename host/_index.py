@@ -187,6 +187,16 @@ class Index:
         )
         return Row(*rows[0]) if rows else None
 
+    async def lookup_many(self, session_id: str, message_ids: Sequence[str]) -> dict[str, int]:
+        """Return ``{message_id: line}`` for those of ``message_ids`` that are stored."""
+        marks = ",".join("?" * len(message_ids))
+        rows = await self._fetch(
+            f"SELECT message_id, line FROM messages WHERE session_id = ?"
+            f" AND message_id IN ({marks})",
+            (session_id, *message_ids),
+        )
+        return {str(m): int(line) for m, line in rows}
+
     async def rows(self, session_id: str, start: int = 0, end: int | None = None) -> list[Row]:
         """Return the rows of lines ``[start, end)`` in order."""
         rows = await self._fetch(

@@ -4,6 +4,11 @@ A call's coroutine takes its session's lock before its first read and keeps it u
 last write. ``asyncio.Lock`` wakes waiters first in, first out, and the endpoint starts
 each call's task in the order its line arrived, so calls on one session apply in that
 order. Once a call holds a lock it is *started*: ``$/cancelRequest`` no longer stops it.
+
+Each call also leaves a :class:`Ticket` in its session's arrival queue. The holder of the
+lock may do the work of the tickets queued right behind it, if they carry a *rider*
+(group commit: appends that arrive while one is being written share its fsync); those
+calls count as started, and find their work done when their turn comes.
 """
 
 from __future__ import annotations
@@ -11,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(slots=True)
@@ -30,31 +37,68 @@ CURRENT_CALL: contextvars.ContextVar[CallState | None] = contextvars.ContextVar(
 )
 
 
+@dataclass(slots=True, eq=False)
+class Ticket:
+    """One call's place in its session's arrival queue."""
+
+    rider: Any = None
+    call: CallState | None = None
+
+
+@dataclass(slots=True)
+class _Slot:
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    queue: deque[Ticket] = field(default_factory=deque)
+
+
 class LockTable:
     """One lock per session id, created on demand and dropped when nobody wants it."""
 
     def __init__(self) -> None:
-        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        self._slots: dict[str, _Slot] = {}
 
     @contextlib.asynccontextmanager
-    async def hold(self, session_id: str) -> AsyncIterator[None]:
+    async def hold(self, session_id: str, rider: Any = None) -> AsyncIterator[Ticket]:
         """Hold the session's lock; the current call counts as started once it has it."""
-        lock, users = self._locks.get(session_id, (None, 0))
-        if lock is None:
-            lock = asyncio.Lock()
-        self._locks[session_id] = (lock, users + 1)
+        slot = self._slots.get(session_id)
+        if slot is None:
+            slot = self._slots[session_id] = _Slot()
+        ticket = Ticket(rider, CURRENT_CALL.get())
+        slot.queue.append(ticket)
         try:
-            async with lock:
-                call = CURRENT_CALL.get()
-                if call is not None:
-                    call.started = True
-                yield
+            async with slot.lock:
+                if ticket.call is not None:
+                    ticket.call.started = True
+                yield ticket
         finally:
-            lock, users = self._locks[session_id]
-            if users == 1:
-                del self._locks[session_id]
-            else:
-                self._locks[session_id] = (lock, users - 1)
+            slot.queue.remove(ticket)
+            if not slot.queue:
+                del self._slots[session_id]
+
+    def followers(self, session_id: str, ticket: Ticket, limit: int) -> list[Ticket]:
+        """Take the riders queued right behind ``ticket`` (at most ``limit``); they start."""
+        out: list[Ticket] = []
+        queue = self._slots[session_id].queue
+        behind = False
+        for t in queue:
+            if t is ticket:
+                behind = True
+                continue
+            if not behind:
+                continue
+            if t.rider is None or len(out) >= limit:
+                break
+            if t.call is not None:
+                if t.call.cancel_requested:
+                    break  # being cancelled: it and everything behind it wait their turn
+                t.call.started = True
+            out.append(t)
+        return out
 
     def __len__(self) -> int:
-        return len(self._locks)
+        return len(self._slots)
+
+    def users(self, session_id: str) -> int:
+        """How many calls hold or wait for the session's lock."""
+        slot = self._slots.get(session_id)
+        return len(slot.queue) if slot else 0

@@ -41,7 +41,7 @@ class Host:
         s, t, h = self.sessions, self.turns, self.history
         self.handlers: dict[str, Handler] = {
             "session.create": s.create,
-            "session.list": s.list,
+            "session.list": s.list_sessions,
             "session.delete": s.delete,
             "session.get": s.get,
             "session.appendMessage": s.append_message,

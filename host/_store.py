@@ -163,6 +163,8 @@ class Store:
 
     async def append(self, s: OpenSession, lines: Sequence[NewLine]) -> list[int]:
         """Append lines durably, then index them; return their line numbers."""
+        if not lines:
+            return []
         offset = s.size
         data = b"".join(nl.data + b"\n" for nl in lines)
         rows = []

@@ -9,9 +9,9 @@ from tests.host.inproc import msg, open_host
 
 async def _queued_on_lock(client: object, session_id: str, users: int) -> None:
     """Wait until ``users`` calls hold or wait for the session's lock (bounded)."""
-    locks = client.host.store.locks._locks  # type: ignore[attr-defined]
+    locks = client.host.store.locks  # type: ignore[attr-defined]
     for _ in range(10_000):
-        if locks.get(session_id, (None, 0))[1] >= users:
+        if locks.users(session_id) >= users:
             return
         await asyncio.sleep(0)
     raise AssertionError("the append never queued on the session lock")
