@@ -98,7 +98,7 @@ class Host:
 
     async def host_stats(self, p: EmptyParams) -> StatsResult:
         counters = dict(self.store.counters)
-        counters["sessions.open"] = len(self.store._open)
+        counters["sessions.open"] = self.store.open_count
         counters["locks.held"] = len(self.store.locks)
         return StatsResult(
             uptime_seconds=time.monotonic() - self.stats.started,

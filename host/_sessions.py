@@ -18,7 +18,7 @@ from host._errors import InvalidParams, LimitExceeded, NotFound
 from host._index import Row, SessionRow
 from host._messages import Message, display_capped, pager_from_json, parse_incoming, parse_stored
 from host._store import NewLine, OpenSession, Store, now_iso
-from host._transcript import Piece, Transcript
+from host._transcript import FileStamp, Piece, Transcript
 from host._wire import (
     MAX_LINE,
     AppendParams,
@@ -57,17 +57,22 @@ class SessionMethods:
                 return CreateResult(session_id=sid, created=False)
             now = now_iso()
             fs, layout = self.store.fs, self.store.layout
-            fs.write_atomic(
-                layout.meta(sid), json.dumps({"title": title, "createdAt": now}).encode()
-            )
-            try:
+            meta = json.dumps({"title": title, "createdAt": now}).encode()
+
+            def make_files() -> FileStamp:
+                fs.write_atomic(layout.meta(sid), meta)
                 t = Transcript.create(fs, layout.transcript(sid))
-                st = t.stamp()
-                t.close()
+                try:
+                    return t.stamp()
+                finally:
+                    t.close()
+
+            try:
+                st = await asyncio.to_thread(make_files)
                 row = SessionRow(sid, title, now, now, 0, 0, st.ino, st.mtime_ns)
                 await self.store.index.create_session(row)
             except BaseException:
-                self.store.remove_files(sid)
+                await asyncio.shield(asyncio.to_thread(self.store.remove_files, sid))
                 raise
             return CreateResult(session_id=sid, created=True)
 
@@ -90,7 +95,7 @@ class SessionMethods:
         async with self.store.locks.hold(sid):
             await self.store.open_session(sid)  # NOT_FOUND for an absent session
             self.store.forget(sid)
-            self.store.remove_files(sid)  # the transcript goes first: that is the commit
+            await asyncio.to_thread(self.store.remove_files, sid)  # transcript first: the commit
             await self.store.index.delete_session(sid)
             return DeleteResult(deleted=True)
 

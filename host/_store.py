@@ -110,18 +110,24 @@ class Store:
         row = await self.index.session(session_id)
         if row is None:
             raise NotFound("session", session_id)
-        path = self.layout.transcript(session_id)
         try:
-            transcript = Transcript(self.fs, path)
+            transcript = Transcript(self.fs, self.layout.transcript(session_id))
         except FileNotFoundError:
             raise NotFound("session", session_id) from None
         if not row.matches(transcript.stamp()):
-            transcript.close()
+            # Changed behind the index's back (a write that failed half-way): the file is
+            # the truth, so index it again before serving.
             await reconcile(self, session_id)
-            return await self.open_session(session_id)
+            row = await self.index.session(session_id)
+            assert row is not None
         s = OpenSession(session_id, transcript, row.line_count, row.byte_size)
         self._open[session_id] = s
         return s
+
+    @property
+    def open_count(self) -> int:
+        """How many transcripts are open."""
+        return len(self._open)
 
     def forget(self, session_id: str) -> None:
         """Close a session's file; it is reopened (and reconciled if need be) on next use."""
@@ -247,8 +253,8 @@ class Store:
         """Remove every file of a session, transcript first, then fsync the folder."""
         import shutil
 
-        for path in self.layout.session_files(session_id):
+        for path in [*self.layout.session_files(session_id), self.layout.quarantine(session_id)]:
             self.fs.unlink(path)
         self.fs.fsync_dir(self.layout.sessions)
-        self.fs.unlink(self.layout.quarantine(session_id))
+        self.checkpoints.present.discard(session_id)
         shutil.rmtree(self.layout.revisions(session_id), ignore_errors=True)
