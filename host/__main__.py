@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import sys
@@ -19,15 +20,41 @@ def main(argv: list[str] | None = None) -> int:
     verify = sub.add_parser("verify", help="check every transcript against the index")
     verify.add_argument("--data-dir", required=True)
     verify.add_argument("--repair", action="store_true", help="rebuild the index from files")
-    for p in (serve, verify):
+    ins = sub.add_parser("inspect", help="show sessions, or one session's turns and messages")
+    ins.add_argument("--data-dir", required=True)
+    ins.add_argument("session", nargs="?")
+    ins.add_argument("--limit", type=int, default=50, help="messages per page")
+    ins.add_argument("--before", type=int, help="page of lines before this one")
+    ins.add_argument("--json", action="store_true")
+    exp = sub.add_parser("export", help="write a session out as JSONL or Markdown")
+    exp.add_argument("--data-dir", required=True)
+    exp.add_argument("session")
+    exp.add_argument("--format", choices=["jsonl", "markdown"], default="jsonl")
+    exp.add_argument("--with-revisions", action="store_true")
+    for p in (serve, verify, ins, exp):
         p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+        p.add_argument("--log-format", default="text", choices=["text", "json"])
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        JsonFormatter()
+        if args.log_format == "json"
+        else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     )
+    logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
     os.umask(0o077)  # files 0600, folders 0700, whatever the caller's umask
+    if args.command == "inspect":
+        from host._inspect import inspect
+
+        return inspect(
+            args.data_dir, args.session, limit=args.limit, before=args.before, as_json=args.json
+        )
+    if args.command == "export":
+        from host._inspect import export
+
+        return export(
+            args.data_dir, args.session, fmt=args.format, with_revisions=args.with_revisions
+        )
     if args.command == "serve":
         from host._server import serve as run
 
@@ -35,6 +62,24 @@ def main(argv: list[str] | None = None) -> int:
     from host._verify import verify as check
 
     return asyncio.run(check(args.data_dir, repair=args.repair))
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per log line: time, level, logger, message, and any extras."""
+
+    _SKIP = set(vars(logging.makeLogRecord({})))
+
+    def format(self, record: logging.LogRecord) -> str:
+        out = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        out.update({k: v for k, v in vars(record).items() if k not in self._SKIP})
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
 
 
 if __name__ == "__main__":

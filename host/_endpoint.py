@@ -155,12 +155,12 @@ class Connection:
             return _error(rid, InvalidRequest('"jsonrpc" must be "2.0"').to_object())
         method = env.method
         params_raw = bytes(env.params) if env.params is not UNSET else b"{}"
-        if method == "$/cancelRequest":
-            self._cancel(params_raw)
-            return None if note else _result(rid, None)
         try:
             if not self.handshaken and method != "handshake":
                 raise NotHandshaken(f"{method}: handshake first")
+            if method == "$/cancelRequest":
+                self._cancel(params_raw)
+                return None if note else _result(rid, None)
             if method not in self.handlers and method != "handshake":
                 raise MethodNotFound(f"unknown method {method!r}")
             try:
@@ -172,7 +172,8 @@ class Connection:
                 self.stats.record(method, 0.0, True)
                 return None if note else _result(rid, result)
         except HostError as exc:
-            self.stats.record(method, 0.0, False)
+            known = method in self.handlers or method in ("handshake", "$/cancelRequest")
+            self.stats.record(method if known else "(unknown method)", 0.0, False)
             return None if note else _error(rid, exc.to_object())
         call = CallState(method)
         task = asyncio.get_running_loop().create_task(
@@ -203,9 +204,12 @@ class Connection:
         except msgspec.MsgspecError:
             return
         call = self.calls.get(_key(rid))
-        if call is not None and not call.started and call.task is not None:
-            call.cancel_requested = True
-            call.task.cancel("$/cancelRequest")
+        if call is None or call.started:
+            return  # unknown, finished, or started: a started write finishes atomically
+        call.cancel_requested = True
+        if call.running and call.task is not None:
+            call.task.cancel("$/cancelRequest")  # waiting for its lock: wake it to answer
+        # a task that has not taken its first step sees cancel_requested when it does
 
     # -- calls ----------------------------------------------------------------------
 
@@ -213,9 +217,12 @@ class Connection:
         self, call: CallState, handler: Handler, params: Any, rid: Any, note: bool
     ) -> bytes | None:
         CURRENT_CALL.set(call)
+        call.running = True
         t0 = time.perf_counter()
         ok = False
         try:
+            if call.cancel_requested:
+                raise asyncio.CancelledError("$/cancelRequest")
             result = await handler(params)
             body = _result(rid, result)
             if len(body) > MAX_LINE:
@@ -244,11 +251,17 @@ class Connection:
             await self.send(body)
 
     async def _finish_batch(self, parts: list[bytes | asyncio.Task[bytes | None] | None]) -> None:
-        out = []
+        out: list[bytes] = []
         for part in parts:
             body = await part if isinstance(part, asyncio.Task) else part
             if body is not None:
                 out.append(body)
+        # Each answer fits 64 MiB; together they may not: the largest give way to errors.
+        while out and sum(len(b) + 1 for b in out) + 1 > MAX_LINE:
+            i = max(range(len(out)), key=lambda k: len(out[k]))
+            rid = ID_ONLY.decode(out[i]).id
+            err = LimitExceeded("batch response over 64 MiB: send these calls on their own")
+            out[i] = _error(rid, err.to_object())
         if out:
             await self.send(b"[" + b",".join(out) + b"]")
 

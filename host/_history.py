@@ -239,8 +239,10 @@ class HistoryMethods:
             else:
                 revs = self.archive.load(sid, p.root_id)
             chosen = await asyncio.to_thread(self.archive.read, sid, p.root_id, revs[p.revision])
-            await self._check_ids(s, branch, chosen)
             pager = _pager(p.root_id, len(revs), p.revision)
+            if chosen == lines and pager == msg.pager():
+                return ActivateResult(active_revision=p.revision, revision_count=len(revs))
+            await self._check_ids(s, branch, chosen)
             intent = Intent(
                 sid,
                 s.transcript.stamp().ino,
@@ -271,15 +273,10 @@ class HistoryMethods:
         sid = p.session_id
         async with self.store.locks.hold(sid):
             s = await self.store.open_session(sid)
+            if not await self._will_resolve(sid, p):  # NOT_FOUND before anything changes
+                raise NotFound("message", p.from_message_id or None)
             await self.turns.settle_running(s)
-            cut: int | None = None
-            if isinstance(p.from_message_id, str):
-                row = await self.store.index.lookup(sid, p.from_message_id)
-                cut = row.line if row is not None else None
-            if cut is None and isinstance(p.truncate_before, int):
-                cut = p.truncate_before
-            if cut is None:
-                raise NotFound("message", p.from_message_id if p.from_message_id else None)
+            cut = await self._resolve_cut(sid, p)
             total = s.line_count
             if cut >= total:  # a retried call: the cut is already made
                 return TruncateResult(kept=total, removed=0, archived=0)
@@ -321,6 +318,28 @@ class HistoryMethods:
             return TruncateResult(
                 kept=cut, removed=total - cut, archived=archived, pager=pager or UNSET
             )
+
+    async def _will_resolve(self, sid: str, p: TruncateParams) -> bool:
+        """Whether the cut resolves once the running turn is settled (its checkpoint too)."""
+        if isinstance(p.truncate_before, int):
+            return True
+        if not isinstance(p.from_message_id, str):
+            return False
+        if await self.store.index.lookup(sid, p.from_message_id) is not None:
+            return True
+        cp = self.turns.read(sid)
+        running = await self.store.index.running_turn(sid)
+        return cp is not None and cp.message_id == p.from_message_id and cp.turn_id == running
+
+    async def _resolve_cut(self, sid: str, p: TruncateParams) -> int:
+        """The first line to cut: identity first, then the count fallback."""
+        if isinstance(p.from_message_id, str):
+            row = await self.store.index.lookup(sid, p.from_message_id)
+            if row is not None:
+                return row.line
+        if isinstance(p.truncate_before, int):
+            return p.truncate_before
+        raise NotFound("message", p.from_message_id if p.from_message_id else None)
 
     # -- start-up -------------------------------------------------------------------
 

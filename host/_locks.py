@@ -27,6 +27,7 @@ class CallState:
     """What the endpoint and the service share about one request."""
 
     method: str
+    running: bool = False  # its task has taken its first step
     started: bool = False
     cancel_requested: bool = False
     task: asyncio.Task[object] | None = field(default=None, repr=False)

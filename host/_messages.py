@@ -135,14 +135,17 @@ def pager_from_json(text: str | None) -> dict[str, Raw]:
 # -- display cap ------------------------------------------------------------------------
 
 _KEEP = {"id", "role", "turnId", "status", *PAGER_KEYS}
+KEEP_SHORT = 32
 
 
 def display_capped(line: bytes, cap: int) -> bytes:
     """Shorten a stored line to about ``cap`` bytes and mark it ``capped: true``.
 
-    Every string value outside the host-owned fields is clipped to one common length,
-    the longest that keeps the line within ``cap`` (found by bisection); structure and
-    keys survive, so the copy is still a valid message the UI can render.
+    String values outside the host-owned fields that are longer than one common length
+    (the longest that keeps the line within ``cap``, found by bisection) are clipped to
+    it; strings of up to :data:`KEEP_SHORT` characters (block types, names) are never
+    clipped. Structure and keys survive, so the copy is a valid message the UI can
+    render; a message made mostly of short fields may stay somewhat over ``cap``.
     """
     value = msgspec.json.decode(line)
     if not isinstance(value, dict):  # pragma: no cover - stored lines are objects
@@ -150,7 +153,7 @@ def display_capped(line: bytes, cap: int) -> bytes:
 
     def clip(v: Any, n: int) -> Any:
         if isinstance(v, str):
-            return v[:n] + "…" if len(v) > n else v
+            return v[:n] + "…" if len(v) > max(n, KEEP_SHORT) else v
         if isinstance(v, list):
             return [clip(x, n) for x in v]
         if isinstance(v, dict):

@@ -158,6 +158,8 @@ def _repair_file(
                 result.torn_bytes,
                 result.torn_at,
             )
+            torn = t.read(result.torn_at, result.torn_bytes)
+            quarantine(store, session_id, [(-1, result.torn_at, torn, "torn last line")])
             t.cut(result.torn_at)
         if result.bad:
             quarantine(store, session_id, result.bad)

@@ -17,6 +17,7 @@ import os
 import signal
 import socket
 import sys
+from typing import Any
 
 from host._endpoint import Connection
 from host._framing import CHUNK, read_lines
@@ -55,9 +56,7 @@ async def _pump(reader: asyncio.StreamReader, conn: Connection) -> None:
         conn.feed(line)
 
 
-async def serve_connection(
-    host: Host, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-) -> None:
+async def serve_connection(host: Host, reader: asyncio.StreamReader, writer: Any) -> None:
     """Serve one connection until end of input or shutdown, then finish its calls."""
     conn = Connection(host.handlers, host.stats, writer)
     pump = asyncio.create_task(_pump(reader, conn))
@@ -78,16 +77,61 @@ async def serve_connection(
             await writer.wait_closed()
 
 
+class _FileWriter:
+    """Replies to a stdout that is a regular file (no pipe transport): written in a thread."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.buf: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.buf.append(data)
+
+    async def drain(self) -> None:
+        data, self.buf = b"".join(self.buf), []
+        if data:
+            await asyncio.to_thread(_write_all, self.fd, data)
+
+    def close(self) -> None:
+        pass
+
+    async def wait_closed(self) -> None:
+        await self.drain()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _feed_from_file(loop: asyncio.AbstractEventLoop, reader: asyncio.StreamReader) -> None:
+    """Read a stdin that is a regular file in a thread (no pipe transport for files)."""
+    while chunk := os.read(0, CHUNK):
+        loop.call_soon_threadsafe(reader.feed_data, chunk)
+    loop.call_soon_threadsafe(reader.feed_eof)
+
+
 async def serve_stdio(host: Host) -> None:
-    """Serve the one connection on stdin/stdout."""
+    """Serve the one connection on stdin/stdout (pipes, sockets, ttys or plain files)."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=2 * CHUNK)
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin.buffer)
-    transport, protocol = await loop.connect_write_pipe(
-        asyncio.streams.FlowControlMixin, sys.stdout.buffer
-    )
-    writer = asyncio.StreamWriter(transport, protocol, None, loop)
+    feeder = None
+    try:
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin.buffer)
+    except ValueError:
+        feeder = loop.run_in_executor(None, _feed_from_file, loop, reader)
+    writer: Any
+    try:
+        transport, protocol = await loop.connect_write_pipe(
+            asyncio.streams.FlowControlMixin, sys.stdout.buffer
+        )
+        writer = asyncio.StreamWriter(transport, protocol, None, loop)
+    except ValueError:
+        writer = _FileWriter(sys.stdout.fileno())
     await serve_connection(host, reader, writer)
+    if feeder is not None:
+        feeder.cancel()
 
 
 def _clear_stale_socket(path: str) -> None:

@@ -1,7 +1,8 @@
 """The host service: the data dir opened, recovered and served by one handler table.
 
-``Host.open`` takes the data dir's lock, creates its folders (0700), opens the index,
-runs start-up recovery before any request is read, and closes everything in reverse.
+``Host.open`` creates the data dir's folders (0700), opens the index, runs start-up
+recovery before any request is read, and closes everything in reverse. The caller
+(``serve``) holds the data dir's lock around it.
 """
 
 from __future__ import annotations

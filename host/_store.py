@@ -116,10 +116,12 @@ class Store:
             raise NotFound("session", session_id) from None
         if not row.matches(transcript.stamp()):
             # Changed behind the index's back (a write that failed half-way): the file is
-            # the truth, so index it again before serving.
+            # the truth, so index it again, and reopen it (a quarantine replaces it).
+            transcript.close()
             await reconcile(self, session_id)
             row = await self.index.session(session_id)
             assert row is not None
+            transcript = Transcript(self.fs, self.layout.transcript(session_id))
         s = OpenSession(session_id, transcript, row.line_count, row.byte_size)
         self._open[session_id] = s
         return s

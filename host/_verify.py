@@ -28,6 +28,9 @@ async def verify(data_dir: str, *, repair: bool = False, out: TextIO = sys.stdou
     if not os.path.isdir(layout.sessions):
         print(f"no data dir at {layout.root}", file=out)
         return 1
+    if not repair and not os.path.exists(layout.index):
+        print(f"no index at {layout.index}: run with --repair to build it", file=out)
+        return 1
     lock_fd = None
     if repair:
         try:

@@ -16,7 +16,7 @@ from msgspec import UNSET, Meta, Raw, Struct, UnsetType
 PROTOCOL_VERSION = 11
 MAX_LINE = 64 * 1024 * 1024  # 67,108,864 bytes, newline excluded
 
-ID_PATTERN = r"^(?!\.\.?$)[A-Za-z0-9._:-]{1,128}$"
+ID_PATTERN = r"^(?!\.\.?\Z)[A-Za-z0-9._:-]{1,128}\Z"  # \Z: "$" would let "ab\n" in
 Id = Annotated[str, Meta(pattern=ID_PATTERN)]
 """A session, turn, message or root id: 1-128 of ``[A-Za-z0-9._:-]``, not ``.``/``..``."""
 
