@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 DATA   ?= ./data
 RUNDIR ?= ./run
 
-.PHONY: install test lint run demo serve stop bench clean
+.PHONY: install test lint run demo serve stop schema bench clean
 
 install: $(STAMP)
 
@@ -42,6 +42,10 @@ serve: $(STAMP)
 
 stop:
 	test -f $(RUNDIR)/host.pid && kill $$(cat $(RUNDIR)/host.pid) && rm -f $(RUNDIR)/host.pid || true
+
+schema: $(STAMP)
+	$(BIN)/python scripts/gen_schema.py
+	$(BIN)/python scripts/gen_protocol_doc.py
 
 bench: $(STAMP)
 	$(BIN)/python scripts/bench.py

@@ -334,8 +334,9 @@ PROTOCOL.md is silent on these points (or leaves them open); this is what the co
   found by bisection) is clipped to it with `"…"` appended; strings of up to 32 characters
   (block types, tool names) are never clipped. Keys, numbers, booleans and the structure
   survive, and `capped: true` is added. A message made mostly of short fields or non-string
-  values may therefore stay longer than `displayCap`. The 64 MiB result check of `session.get` is made on the stored bytes,
-  before capping, so a capped read of a huge transcript must still be paged.
+  values may therefore stay longer than `displayCap`. The 64 MiB result check of
+  `session.get` is made on the stored bytes, before capping, so a capped read of a huge
+  transcript must still be paged.
 - **`beforeLine` past the end is clamped** to `totalLines`; `limit: 0` gives an empty page.
 
 ### Sessions
