@@ -15,6 +15,8 @@ import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+import aiofiles
+
 from host._fs import FileSystem
 from host._layout import Layout, check_id
 
@@ -81,6 +83,13 @@ class Archive:
         """Return the stored lines of one archived revision."""
         with open(os.path.join(self.folder(session_id, root_id), rev.file), "rb") as f:
             data = f.read()
+        return data.split(b"\n")[:-1]
+
+    async def read_async(self, session_id: str, root_id: str, rev: Revision) -> list[bytes]:
+        """Stream one archived revision's payload (tens of MB) without blocking the loop."""
+        path = os.path.join(self.folder(session_id, root_id), rev.file)
+        async with aiofiles.open(path, "rb") as f:
+            data = await f.read()
         return data.split(b"\n")[:-1]
 
     def sweep(self, session_id: str) -> int:

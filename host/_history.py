@@ -168,7 +168,7 @@ class HistoryMethods:
                     revision=r.revision, message_count=r.messageCount, created_at=r.createdAt
                 )
                 if p.include_messages:
-                    lines = await asyncio.to_thread(self.archive.read, sid, p.root_id, r)
+                    lines = await self.archive.read_async(sid, p.root_id, r)
                     info.messages = [Raw(x) for x in lines]
                 infos.append(info)
             return ListRevisionsResult(

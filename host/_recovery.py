@@ -14,6 +14,7 @@ import base64
 import json
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -261,7 +262,17 @@ async def recover(store: Store, *, full: bool = False) -> Report:
         await store.index.delete_session(sid)
         report.dropped_index_rows += 1
     report.sessions = len(on_disk)
-    for sid in sorted(on_disk):
+    last = time.monotonic()
+    for n, sid in enumerate(sorted(on_disk), 1):
+        if time.monotonic() - last >= 1.0:  # long work says how far it is
+            last = time.monotonic()
+            log.info(
+                "recovery: %d/%d sessions checked, %d reconciled, %d line(s) indexed",
+                n - 1,
+                len(on_disk),
+                report.reconciled,
+                report.indexed_lines,
+            )
         row = indexed.get(sid)
         if full or row is None:
             await reconcile(store, sid, full=True, report=report)
