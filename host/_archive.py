@@ -69,12 +69,20 @@ class Archive:
         return name
 
     def commit(self, session_id: str, root_id: str, revisions: Sequence[Revision]) -> None:
-        """Replace the manifest (the commit point), then drop payloads it does not name."""
+        """Replace the manifest atomically: the commit point of an archive change.
+
+        Payloads it no longer names stay until :meth:`prune`, so a change can still be
+        rolled back to the old manifest until the call that made it is finished.
+        """
         folder = self.folder(session_id, root_id)
         self.fs.mkdir(folder)
         body = {"rootId": root_id, "revisions": [asdict(r) for r in revisions]}
         self.fs.write_atomic(os.path.join(folder, "manifest.json"), json.dumps(body).encode())
-        keep = {r.file for r in revisions} | {"manifest.json"}
+
+    def prune(self, session_id: str, root_id: str) -> None:
+        """Remove the root's payloads its manifest does not name."""
+        folder = self.folder(session_id, root_id)
+        keep = {r.file for r in self.load(session_id, root_id)} | {"manifest.json"}
         for name in os.listdir(folder):
             if name not in keep and not name.endswith(".tmp"):
                 self.fs.unlink(os.path.join(folder, name))

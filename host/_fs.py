@@ -16,6 +16,13 @@ DIR_MODE = 0o700
 class FileSystem:
     """Thin, synchronous wrappers over the system calls the store makes."""
 
+    def sqlite(self, kind: str) -> None:
+        """Called before every index read (``"read"``) and transaction (``"write"``).
+
+        It does nothing here; a test's file system raises ``sqlite3.Error`` from it, so
+        SQLite failures come through the same seam as the file system's.
+        """
+
     def open(self, path: str, flags: int, mode: int = FILE_MODE) -> int:
         """Open ``path`` and return its descriptor (created 0600)."""
         return os.open(path, flags | os.O_CLOEXEC, mode)
@@ -91,8 +98,16 @@ class FileSystem:
         """Create a directory (0700) and its parents if missing."""
         os.makedirs(path, mode=DIR_MODE, exist_ok=True)
 
+    def link(self, src: str, dst: str) -> None:
+        """Give ``src``'s file a second name ``dst``."""
+        os.link(src, dst)
+
     def write_atomic(self, path: str, data: bytes) -> None:
-        """Replace ``path`` with ``data``: temp file, fsync, rename, folder fsync."""
+        """Replace ``path`` with ``data``: temp file, fsync, rename, folder fsync.
+
+        Until the folder fsync succeeds the old file keeps a second name, so a failure at
+        any step puts it back: a failed replace changes nothing.
+        """
         folder = os.path.dirname(path)
         tmp = temp_name(path)
         fd = self.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
@@ -104,12 +119,36 @@ class FileSystem:
             self.unlink(tmp)
             raise
         self.close(fd)
+        link = temp_name(path)
+        backup: str | None = link
         try:
-            self.rename(tmp, path)
+            self.link(path, link)
+        except FileNotFoundError:
+            backup = None  # a new file: undoing it is removing it
         except BaseException:
             self.unlink(tmp)
             raise
-        self.fsync_dir(folder)
+        renamed = False
+        try:
+            self.rename(tmp, path)
+            renamed = True
+            self.fsync_dir(folder)
+        except BaseException:
+            if renamed:
+                try:
+                    if backup is not None:
+                        self.rename(backup, path)
+                        backup = None
+                    else:
+                        self.unlink(path)
+                except OSError:
+                    pass  # the new file stays: still a whole file, never a torn one
+            else:
+                self.unlink(tmp)
+            raise
+        finally:
+            if backup is not None:
+                self.unlink(backup)
 
 
 def temp_name(path: str) -> str:

@@ -150,6 +150,7 @@ class HistoryMethods:
                 name = self.archive.write_payload(sid, p.root_id, len(revs), lines)
                 revs.append(Revision(len(revs), name, len(lines), now_iso()))
                 self.archive.commit(sid, p.root_id, revs)
+                self.archive.prune(sid, p.root_id)
                 return len(revs)
 
             count = await asyncio.to_thread(write)
@@ -199,6 +200,7 @@ class HistoryMethods:
                     stamped=False,
                 )
             lines = await self.store.read_rows(s, branch)
+            old = self.archive.load(sid, root_id)
             revs, slot = await asyncio.to_thread(self._plan, sid, root_id, active, lines)
             pager = _pager(root_id, len(revs), slot)
             stamped = pager != msg.pager()
@@ -208,11 +210,12 @@ class HistoryMethods:
                 archive=ArchiveStep(root_id, [_rev(r) for r in revs]),
                 stamp=StampStep(root_id, pager) if stamped else UNSET,
             )
-            await asyncio.to_thread(self.intents.record, intent)
-            await asyncio.to_thread(self.archive.commit, sid, root_id, revs)
-            if stamped:
-                await self._stamp(s, root, msg, pager, None)
-            await asyncio.to_thread(self.intents.clear, sid)
+
+            async def stamp() -> None:
+                if stamped:
+                    await self._stamp(s, root, msg, pager, None)
+
+            await self._carry_out(s, intent, old, stamp)
             return SaveActiveResult(
                 root_id=root_id,
                 revision_count=len(revs),
@@ -234,6 +237,7 @@ class HistoryMethods:
                 raise NotFound("revision", p.revision)
             branch = await self._branch(s, root)
             lines = await self.store.read_rows(s, branch)
+            old = self.archive.load(sid, p.root_id)
             if lines:
                 revs, _slot = await asyncio.to_thread(self._plan, sid, p.root_id, active, lines)
             else:
@@ -249,11 +253,72 @@ class HistoryMethods:
                 archive=ArchiveStep(p.root_id, [_rev(r) for r in revs]),
                 stamp=StampStep(p.root_id, pager, branch_revision=p.revision),
             )
-            await asyncio.to_thread(self.intents.record, intent)
-            await asyncio.to_thread(self.archive.commit, sid, p.root_id, revs)
-            await self._stamp(s, root, msg, pager, chosen)
-            await asyncio.to_thread(self.intents.clear, sid)
+
+            async def swap() -> None:
+                await self._stamp(s, root, msg, pager, chosen)
+
+            await self._carry_out(s, intent, old, swap)
             return ActivateResult(active_revision=p.revision, revision_count=len(revs))
+
+    async def _carry_out(
+        self,
+        s: OpenSession,
+        intent: Intent,
+        old: list[Revision],
+        work: Callable[[], Awaitable[None]],
+        tail: bytes | None = None,
+    ) -> None:
+        """Record the intent, commit its archive and do ``work``; on failure, undo it all.
+
+        A failed call changes nothing: the old manifest goes back and a cut gets its
+        ``tail`` back. Only when the undo itself fails does the intent stay, and the
+        change is then finished at the next start (the new state, never a third).
+        """
+        await asyncio.to_thread(self.intents.record, intent)
+        try:
+            if isinstance(intent.archive, ArchiveStep):
+                revs = revisions_of(intent.archive)
+                await asyncio.to_thread(
+                    self.archive.commit, s.session_id, intent.archive.root_id, revs
+                )
+            await work()
+        except BaseException:
+            await asyncio.shield(asyncio.to_thread(self._undo, s, intent, old, tail))
+            raise
+        try:  # the change is made: tidying up can no longer fail the call
+            await asyncio.to_thread(self._finish, s.session_id, intent)
+        except OSError as exc:
+            log.warning("session %s: intent left after a finished change: %s", s.session_id, exc)
+
+    def _finish(self, sid: str, intent: Intent) -> None:
+        self.intents.clear(sid)
+        if isinstance(intent.archive, ArchiveStep):
+            self.archive.prune(sid, intent.archive.root_id)
+
+    def _undo(
+        self, s: OpenSession, intent: Intent, old: list[Revision], tail: bytes | None
+    ) -> None:
+        sid = s.session_id
+        try:
+            if not self.store.is_open(s):
+                raise OSError("the transcript's own undo failed")
+            if tail is not None and isinstance(intent.cut, CutStep):
+                fs, fd = self.store.fs, s.transcript.fd
+                fs.ftruncate(fd, intent.cut.offset)
+                fs.write_all(fd, tail)
+                fs.fsync(fd)
+            if isinstance(intent.archive, ArchiveStep):
+                self.archive.commit(sid, intent.archive.root_id, old)
+            self._finish(sid, intent)
+        except OSError as exc:
+            log.error(
+                "session %s: a failed change could not be undone (%s): it will be finished"
+                " at the next start",
+                sid,
+                exc,
+            )
+        finally:
+            self.store.forget(sid)  # reopened, and reconciled if need be, on next use
 
     async def _check_ids(
         self, s: OpenSession, branch: Sequence[Row], chosen: Sequence[bytes]
@@ -275,15 +340,16 @@ class HistoryMethods:
             s = await self.store.open_session(sid)
             if not await self._will_resolve(sid, p):  # NOT_FOUND before anything changes
                 raise NotFound("message", p.from_message_id or None)
-            await self.turns.settle_running(s)
+            await self.turns.settle_for_cut(s)
             cut = await self._resolve_cut(sid, p)
             total = s.line_count
             if cut >= total:  # a retried call: the cut is already made
                 return TruncateResult(kept=total, removed=0, archived=0)
             (first,) = await self.store.index.rows(sid, cut, cut + 1)
-            step = CutStep(first.offset)
+            step = CutStep(first.offset, s.size)
             keep_from, new_rows = cut, []
             archive: ArchiveStep | None = None
+            old: list[Revision] = []
             pager: Pager | None = None
             archived = 0
             before = await self.store.index.rows(sid, cut - 1, cut) if cut > 0 else []
@@ -293,27 +359,32 @@ class HistoryMethods:
                 branch = await self._branch(s, root)
                 lines = await self.store.read_rows(s, branch)
                 _, active = _stamp_of(msg)
+                old = self.archive.load(sid, root.message_id)
                 revs, _slot = await asyncio.to_thread(
                     self._plan, sid, root.message_id, active, lines
                 )
                 n = len(revs)
                 stamp = _pager(root.message_id, n + 1, n)
                 nl = NewLine.of(msg, msg.turn_id, stamp)
-                step = CutStep(root.offset, nl.data.decode())
+                step = CutStep(root.offset, s.size, nl.data.decode())
                 keep_from, new_rows = root.line, [nl.row(root.line, root.offset)]
                 archive = ArchiveStep(root.message_id, [_rev(r) for r in revs])
                 pager = Pager(root_id=root.message_id, revision_count=n + 1, active_revision=n)
                 archived = len(lines)
             intent = Intent(sid, s.transcript.stamp().ino, archive=archive or UNSET, cut=step)
+            # What is cut is read once (O(cut)), so a failed cut can be put back.
+            tail = await asyncio.to_thread(s.transcript.read, step.offset, s.size - step.offset)
             await self._at("intent-recorded")
-            await asyncio.to_thread(self.intents.record, intent)
-            await asyncio.to_thread(self.intents.apply_files, intent, s.transcript.fd)
-            stamp_now = s.transcript.stamp()
-            await self.store.index.replace_rows(
-                sid, new_rows, stamp_now, cut, now_iso(), keep_from=keep_from
-            )
-            s.size, s.line_count = stamp_now.size, cut
-            await asyncio.to_thread(self.intents.clear, sid)
+
+            async def cut_and_index() -> None:
+                await asyncio.to_thread(self.intents.apply_files, intent, s.transcript.fd)
+                stamp_now = s.transcript.stamp()
+                await self.store.index.replace_rows(
+                    sid, new_rows, stamp_now, cut, now_iso(), keep_from=keep_from
+                )
+                s.size, s.line_count = stamp_now.size, cut
+
+            await self._carry_out(s, intent, old, cut_and_index, tail)
             self.store.count("truncations")
             return TruncateResult(
                 kept=cut, removed=total - cut, archived=archived, pager=pager or UNSET
@@ -327,9 +398,8 @@ class HistoryMethods:
             return False
         if await self.store.index.lookup(sid, p.from_message_id) is not None:
             return True
-        cp = self.turns.read(sid)
-        running = await self.store.index.running_turn(sid)
-        return cp is not None and cp.message_id == p.from_message_id and cp.turn_id == running
+        cp = self.turns.read(sid)  # its row appears when the cut settles it
+        return cp is not None and cp.message_id == p.from_message_id
 
     async def _resolve_cut(self, sid: str, p: TruncateParams) -> int:
         """The first line to cut: identity first, then the count fallback."""
@@ -381,7 +451,7 @@ class HistoryMethods:
                             revs = revisions_of(intent.archive)
                             branch = self.archive.read(sid, root.message_id, revs[rev])
                         await self._stamp(s, root, msg, intent.stamp.pager, branch)
-                self.intents.clear(sid)
+                self._finish(sid, intent)
 
 
 def _rev(r: Revision) -> dict[str, object]:

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 import aiosqlite
 
+from host._fs import FileSystem
 from host._transcript import FileStamp
 
 MIGRATIONS: list[tuple[str, str]] = [
@@ -104,17 +105,18 @@ _SESSION_COLS = (
 class Index:
     """The shared index connection and every query the host makes of it."""
 
-    def __init__(self, conn: aiosqlite.Connection) -> None:
+    def __init__(self, conn: aiosqlite.Connection, fs: FileSystem | None = None) -> None:
         self._conn = conn
         self._lock = asyncio.Lock()
+        self.fs = fs or FileSystem()
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def open(cls, path: str) -> AsyncIterator[Index]:
+    async def open(cls, path: str, fs: FileSystem | None = None) -> AsyncIterator[Index]:
         """Open (creating and migrating) the index at ``path``."""
         conn = await aiosqlite.connect(path, isolation_level=None)
         try:
-            index = cls(conn)
+            index = cls(conn, fs)
             await index._setup()
             yield index
         finally:
@@ -147,6 +149,7 @@ class Index:
     async def transaction(self) -> AsyncIterator[aiosqlite.Connection]:
         """Run statements in one transaction; any failure (or cancel) rolls it back."""
         async with self._lock:
+            self.fs.sqlite("write")
             await self._conn.execute("BEGIN IMMEDIATE")
             try:
                 yield self._conn
@@ -161,6 +164,7 @@ class Index:
 
     async def _fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         async with self._lock:
+            self.fs.sqlite("read")
             return list(await self._conn.execute_fetchall(sql, params))
 
     # -- reads ----------------------------------------------------------------------

@@ -30,6 +30,7 @@ class ArchiveStep(Struct, rename="camel"):
 
 class CutStep(Struct, rename="camel"):
     offset: int
+    before: int  # the file's size before the cut
     append: str | None = None  # the restamped root line, written right after the cut
 
 
@@ -98,10 +99,13 @@ class Intents:
             cut = intent.cut
             tail = b"" if cut.append is None else cut.append.encode() + b"\n"
             size = os.fstat(fd).st_size
-            if size == cut.offset + len(tail) and self.fs.pread(fd, len(tail), cut.offset) == tail:
+            done = cut.offset + len(tail)
+            if size == done and self.fs.pread(fd, len(tail), cut.offset) == tail:
                 return  # already done
-            if size < cut.offset:
-                log.error("session %s: intent cut past end of file ignored", intent.session_id)
+            if size not in (cut.before, cut.offset):
+                # Not one of the states this cut passes through: the file moved on since
+                # (a finished change whose intent could not be removed). Never cut it.
+                log.error("session %s: stale cut intent ignored", intent.session_id)
                 return
             self.fs.ftruncate(fd, cut.offset)
             if tail:

@@ -71,7 +71,7 @@ class Host:
         for folder in (layout.root, layout.sessions, layout.revisions_root):
             fs.mkdir(folder)
             os.chmod(folder, 0o700)
-        async with Index.open(layout.index) as index:
+        async with Index.open(layout.index, fs) as index:
             for path in (layout.index, layout.index + "-wal", layout.index + "-shm"):
                 if os.path.exists(path):
                     os.chmod(path, 0o600)

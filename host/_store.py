@@ -126,6 +126,10 @@ class Store:
         self._open[session_id] = s
         return s
 
+    def is_open(self, s: OpenSession) -> bool:
+        """Whether ``s`` is still the served state (a failed undo forgets it)."""
+        return self._open.get(s.session_id) is s
+
     @property
     def open_count(self) -> int:
         """How many transcripts are open."""

@@ -86,16 +86,24 @@ class TurnMethods:
             await self.store.index.end_turn(sid, tid, p.status, now_iso())
             return EndTurnResult(status=p.status, recovered=recovered)
 
-    async def settle_running(self, s: OpenSession) -> None:
-        """End the session's running turn ``aborted``, promoting its checkpoint (ADR 0216)."""
-        tid = await self.store.index.running_turn(s.session_id)
-        if tid is None:
-            return
-        cp = self.read(s.session_id)
-        if cp is not None and cp.turn_id == tid:
-            await self.promote(s, cp, "aborted")
-        await self.store.index.end_turn(s.session_id, tid, "aborted", now_iso())
-        log.info("session %s: running turn %s ended aborted by a truncation", s.session_id, tid)
+    async def settle_for_cut(self, s: OpenSession) -> None:
+        """Before a cut (ADR 0216): end a running turn ``aborted`` and settle any checkpoint.
+
+        A running turn's checkpoint is promoted ``aborted``; a leftover of an ended turn
+        (a user Stop whose final row never came) is promoted as ``recoverInflight`` would.
+        Either way the row is placed before the cut, so a cut that removes it archives it
+        with its branch, instead of it landing after the next conversation later.
+        """
+        sid = s.session_id
+        tid = await self.store.index.running_turn(sid)
+        cp = self.read(sid)
+        if tid is not None:
+            if cp is not None and cp.turn_id == tid:
+                await self.promote(s, cp, "aborted")
+            await self.store.index.end_turn(sid, tid, "aborted", now_iso())
+            log.info("session %s: running turn %s ended aborted by a truncation", sid, tid)
+        elif cp is not None:
+            await self._settle_leftover(sid, wait_completed=False)
 
     # -- checkpoints ----------------------------------------------------------------
 

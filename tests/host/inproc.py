@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sqlite3
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -39,8 +40,9 @@ class CrashingFileSystem(FileSystem):
             raise Crash(f"crash at file operation {self.calls}")
 
 
-for _name in (
+FS_CALLS = (
     "open",
+    "link",
     "write_all",
     "copy_range",
     "fsync",
@@ -49,7 +51,9 @@ for _name in (
     "rename",
     "unlink",
     "mkdir",
-):
+)
+
+for _name in FS_CALLS:
 
     def _wrap(name: str) -> Any:
         base = getattr(FileSystem, name)
@@ -61,6 +65,45 @@ for _name in (
         return method
 
     setattr(CrashingFileSystem, _name, _wrap(_name))
+
+
+class FaultyFileSystem(FileSystem):
+    """Fails its Nth operation (file or SQLite) with ``errno``: once, or from then on."""
+
+    def __init__(self, fail_at: int, err: int, *, always: bool = False) -> None:
+        self.fail_at = fail_at
+        self.err = err
+        self.always = always
+        self.calls = 0
+        self.armed = False
+        self.failed = 0
+
+    def _tick(self, what: str) -> None:
+        if not self.armed:
+            return
+        self.calls += 1
+        if self.calls == self.fail_at or (self.always and self.calls > self.fail_at):
+            self.failed += 1
+            if what == "sqlite":
+                raise sqlite3.OperationalError("disk I/O error (injected)")
+            raise OSError(self.err, f"{os.strerror(self.err)} (injected at call {self.calls})")
+
+    def sqlite(self, kind: str) -> None:
+        self._tick("sqlite")
+
+
+for _name in FS_CALLS:
+
+    def _wrap_faulty(name: str) -> Any:
+        base = getattr(FileSystem, name)
+
+        def method(self: FaultyFileSystem, *args: Any, **kwargs: Any) -> Any:
+            self._tick(name)
+            return base(self, *args, **kwargs)
+
+        return method
+
+    setattr(FaultyFileSystem, _name, _wrap_faulty(_name))
 
 
 class Client:

@@ -1,0 +1,91 @@
+"""The scenario the crash, fault and power-loss tests share: a session mid-regenerate.
+
+``prepare`` builds it; ``state`` reads it back after a restart (transcript, archives,
+checkpoint) and checks that ``verify`` agrees and no temp or intent file is left;
+``OPS`` are the writes under test and ``PRE`` what runs before one in the same host run.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from host._verify import verify
+from tests.host.inproc import Client, msg, open_host
+
+Op = Callable[[Client], Awaitable[Any]]
+
+
+async def prepare(data: str) -> None:
+    async with open_host(data) as call:
+        await call("session.create", sessionId="s", title="crash")
+        await call("session.beginTurn", sessionId="s", turnId="t1", prompt=msg("u1", "user"))
+        await call("session.appendMessage", sessionId="s", turnId="t1", message=msg("a1"))
+        await call("session.appendMessage", sessionId="s", turnId="t1", message=msg("a2"))
+        await call("session.endTurn", sessionId="s", turnId="t1", status="completed")
+        await call("session.saveActiveRevision", sessionId="s")
+        await call("session.beginTurn", sessionId="s", turnId="t2", prompt=msg("u2", "user"))
+        await call("session.appendMessage", sessionId="s", turnId="t2", message=msg("b1"))
+        await call("session.saveInflightMessage", sessionId="s", turnId="t2", message=msg("b2"))
+
+
+async def state(data: str) -> Any:
+    async with open_host(data) as call:
+        page = await call("session.get", sessionId="s")
+        revs = {
+            root: await call(
+                "session.listRevisions", sessionId="s", rootId=root, includeMessages=True
+            )
+            for root in ("u1", "u2")
+            if any(m["id"] == root for m in page["messages"])
+        }
+        for r in revs.values():
+            for rev in r["revisions"]:
+                rev.pop("createdAt")
+        checkpoint = Path(data, "sessions", "s.inflight.json").exists()
+    report = io.StringIO()
+    assert await verify(data, out=report) == 0, report.getvalue()
+    leftovers = [p.name for p in Path(data).rglob("*") if p.name.endswith((".tmp", ".intent.json"))]
+    assert leftovers == []
+    return page["messages"], revs, checkpoint
+
+
+OPS: dict[str, Op] = {
+    "append": lambda c: c("session.appendMessage", sessionId="s", message=msg("b3")),
+    "update": lambda c: c("session.updateMessage", sessionId="s", message=msg("a1", content="new")),
+    "delete": lambda c: c("session.deleteMessages", sessionId="s", messageIds=["a2"]),
+    "replace": lambda c: c(
+        "session.replaceMessages", sessionId="s", messages=[msg("u1", "user"), msg("a1")]
+    ),
+    "truncate-regenerate": lambda c: c("session.truncateFrom", sessionId="s", fromMessageId="b1"),
+    "truncate-plain": lambda c: c("session.truncateFrom", sessionId="s", fromMessageId="a2"),
+    "save-active": lambda c: c("session.saveActiveRevision", sessionId="s"),
+    "activate": lambda c: c("session.activateRevision", sessionId="s", rootId="u2", revision=0),
+    "checkpoint": lambda c: c(
+        "session.saveInflightMessage", sessionId="s", turnId="t2", message=msg("b2", content="more")
+    ),
+    "promote": lambda c: c(
+        "session.endTurn", sessionId="s", turnId="t2", status="aborted", recoverInflight=True
+    ),
+}
+
+
+async def _turn_with_checkpoint(c: Client) -> None:
+    await c("session.beginTurn", sessionId="s", turnId="t3")
+    await c("session.saveInflightMessage", sessionId="s", turnId="t3", message=msg("b3"))
+
+
+# What runs (without crashing) before the write under test, in the same host run.
+PRE: dict[str, Op] = {
+    "activate": OPS["truncate-regenerate"],  # archives u2's branch, then paging back to it
+    "checkpoint": lambda c: c("session.beginTurn", sessionId="s", turnId="t3"),
+    "promote": _turn_with_checkpoint,
+}
+OPS["checkpoint"] = lambda c: c(
+    "session.saveInflightMessage", sessionId="s", turnId="t3", message=msg("b3")
+)
+OPS["promote"] = lambda c: c(
+    "session.endTurn", sessionId="s", turnId="t3", status="aborted", recoverInflight=True
+)
