@@ -226,7 +226,12 @@ class TurnDriver:
         await self.client.call("session.saveActiveRevision", {"sessionId": session_id})
 
     async def truncate_last_reply(self, session_id: str) -> tuple[str, list[str]] | None:
-        """Cut the last reply away for a regenerate; return ``(prompt id, cut ids)``."""
+        """Cut the last reply away for a regenerate; return ``(prompt id, cut ids)``.
+
+        The session's outbox drains first: a reply row still in it would otherwise land
+        after the cut, in the branch it was cut from.
+        """
+        await self.outbox.drain(self.drain_timeout, session_id)
         page = await self.client.call("session.get", {"sessionId": session_id, "limit": 64})
         msgs = page["messages"]
         users = [i for i, m in enumerate(msgs) if m["role"] == "user"]
