@@ -66,6 +66,7 @@ class Archive:
             self.fs.fsync(fd)
         finally:
             self.fs.close(fd)
+        self.fs.fsync_dir(folder)  # an intent may name it before the manifest does
         return name
 
     def commit(self, session_id: str, root_id: str, revisions: Sequence[Revision]) -> None:

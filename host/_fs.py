@@ -95,8 +95,16 @@ class FileSystem:
         return True
 
     def mkdir(self, path: str) -> None:
-        """Create a directory (0700) and its parents if missing."""
-        os.makedirs(path, mode=DIR_MODE, exist_ok=True)
+        """Create a directory (0700) and its missing parents, durably (parents fsynced)."""
+        path = os.path.abspath(path)
+        if os.path.isdir(path):
+            return
+        self.mkdir(os.path.dirname(path))
+        try:
+            os.mkdir(path, DIR_MODE)
+        except FileExistsError:
+            return
+        self.fsync_dir(os.path.dirname(path))
 
     def link(self, src: str, dst: str) -> None:
         """Give ``src``'s file a second name ``dst``."""

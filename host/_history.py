@@ -10,6 +10,7 @@ it up to the next user message. Multi-file changes are written down first as an 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -206,7 +207,6 @@ class HistoryMethods:
             stamped = pager != msg.pager()
             intent = Intent(
                 sid,
-                s.transcript.stamp().ino,
                 archive=ArchiveStep(root_id, [_rev(r) for r in revs]),
                 stamp=StampStep(root_id, pager) if stamped else UNSET,
             )
@@ -249,7 +249,6 @@ class HistoryMethods:
             await self._check_ids(s, branch, chosen)
             intent = Intent(
                 sid,
-                s.transcript.stamp().ino,
                 archive=ArchiveStep(p.root_id, [_rev(r) for r in revs]),
                 stamp=StampStep(p.root_id, pager, branch_revision=p.revision),
             )
@@ -267,6 +266,8 @@ class HistoryMethods:
         old: list[Revision],
         work: Callable[[], Awaitable[None]],
         tail: bytes | None = None,
+        *,
+        record: bool = True,
     ) -> None:
         """Record the intent, commit its archive and do ``work``; on failure, undo it all.
 
@@ -274,7 +275,8 @@ class HistoryMethods:
         ``tail`` back. Only when the undo itself fails does the intent stay, and the
         change is then finished at the next start (the new state, never a third).
         """
-        await asyncio.to_thread(self.intents.record, intent)
+        if record:
+            await asyncio.to_thread(self.intents.record, intent)
         try:
             if isinstance(intent.archive, ArchiveStep):
                 revs = revisions_of(intent.archive)
@@ -346,7 +348,7 @@ class HistoryMethods:
             if cut >= total:  # a retried call: the cut is already made
                 return TruncateResult(kept=total, removed=0, archived=0)
             (first,) = await self.store.index.rows(sid, cut, cut + 1)
-            step = CutStep(first.offset, s.size)
+            step = CutStep(first.offset, s.size, "")
             keep_from, new_rows = cut, []
             archive: ArchiveStep | None = None
             old: list[Revision] = []
@@ -366,25 +368,40 @@ class HistoryMethods:
                 n = len(revs)
                 stamp = _pager(root.message_id, n + 1, n)
                 nl = NewLine.of(msg, msg.turn_id, stamp)
-                step = CutStep(root.offset, s.size, nl.data.decode())
+                step = CutStep(root.offset, s.size, "", nl.data.decode())
                 keep_from, new_rows = root.line, [nl.row(root.line, root.offset)]
                 archive = ArchiveStep(root.message_id, [_rev(r) for r in revs])
                 pager = Pager(root_id=root.message_id, revision_count=n + 1, active_revision=n)
                 archived = len(lines)
-            intent = Intent(sid, s.transcript.stamp().ino, archive=archive or UNSET, cut=step)
-            # What is cut is read once (O(cut)), so a failed cut can be put back.
+            # What is cut is read once (O(cut)): it is hashed into the intent, so the cut
+            # applies to exactly these bytes, and kept, so a failed cut can be put back.
             tail = await asyncio.to_thread(s.transcript.read, step.offset, s.size - step.offset)
+            step.cut_sha256 = hashlib.sha256(tail).hexdigest()
+            # A plain cut is one ftruncate, atomic on its own: it needs no intent. A cut
+            # that appends the restamped root or archives a branch does.
+            plain = archive is None and step.append is None
+            intent = None if plain else Intent(sid, archive=archive or UNSET, cut=step)
             await self._at("intent-recorded")
 
             async def cut_and_index() -> None:
-                await asyncio.to_thread(self.intents.apply_files, intent, s.transcript.fd)
+                if intent is None:
+                    await asyncio.to_thread(s.transcript.cut, step.offset)
+                else:
+                    await asyncio.to_thread(self.intents.apply_cut, intent, s.transcript.fd)
                 stamp_now = s.transcript.stamp()
                 await self.store.index.replace_rows(
                     sid, new_rows, stamp_now, cut, now_iso(), keep_from=keep_from
                 )
                 s.size, s.line_count = stamp_now.size, cut
 
-            await self._carry_out(s, intent, old, cut_and_index, tail)
+            await self._carry_out(
+                s,
+                intent or Intent(sid, cut=step),
+                old,
+                cut_and_index,
+                tail,
+                record=intent is not None,
+            )
             self.store.count("truncations")
             return TruncateResult(
                 kept=cut, removed=total - cut, archived=archived, pager=pager or UNSET
@@ -424,10 +441,6 @@ class HistoryMethods:
                 self.intents.clear(intent.session_id)
                 continue
             try:
-                if t.stamp().ino != intent.ino:
-                    log.error("session %s: intent for another file dropped", intent.session_id)
-                    self.intents.clear(intent.session_id)
-                    continue
                 self.intents.apply_files(intent, t.fd)
             finally:
                 t.close()
@@ -441,16 +454,22 @@ class HistoryMethods:
         for intent in intents:
             sid = intent.session_id
             async with self.store.locks.hold(sid):
-                if isinstance(intent.stamp, StampStep):
-                    s = await self.store.open_session(sid)
-                    root, msg = await self._root(s, intent.stamp.message_id)
-                    if msg.pager() != intent.stamp.pager:
+                s = await self.store.open_session(sid)
+                stamp = intent.stamp
+                root_row = None
+                if isinstance(stamp, StampStep):
+                    root_row = await self.store.index.lookup(sid, stamp.message_id)
+                    if root_row is None:
+                        log.error("session %s: stamp intent for a gone root dropped", sid)
+                if isinstance(stamp, StampStep) and root_row is not None:
+                    root, msg = await self._root(s, stamp.message_id)
+                    if msg.pager() != stamp.pager:
                         branch = None
-                        rev = intent.stamp.branch_revision
+                        rev = stamp.branch_revision
                         if rev is not None and isinstance(intent.archive, ArchiveStep):
                             revs = revisions_of(intent.archive)
                             branch = self.archive.read(sid, root.message_id, revs[rev])
-                        await self._stamp(s, root, msg, intent.stamp.pager, branch)
+                        await self._stamp(s, root, msg, stamp.pager, branch)
                 self._finish(sid, intent)
 
 

@@ -10,6 +10,7 @@ old state (no intent on disk) or the new one, never a third.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 
@@ -31,6 +32,7 @@ class ArchiveStep(Struct, rename="camel"):
 class CutStep(Struct, rename="camel"):
     offset: int
     before: int  # the file's size before the cut
+    cut_sha256: str  # of the bytes [offset, before): the cut applies to exactly those
     append: str | None = None  # the restamped root line, written right after the cut
 
 
@@ -42,7 +44,6 @@ class StampStep(Struct, rename="camel"):
 
 class Intent(Struct, rename="camel", omit_defaults=True):
     session_id: str
-    ino: int
     archive: ArchiveStep | UnsetType = UNSET
     cut: CutStep | UnsetType = UNSET
     stamp: StampStep | UnsetType = UNSET
@@ -90,11 +91,19 @@ class Intents:
         return out
 
     def apply_files(self, intent: Intent, fd: int) -> None:
-        """Make the archive and the cut as the intent says (``fd``: the transcript)."""
+        """Make the archive and the cut as the intent says (``fd``: the transcript).
+
+        Each step checks the state it finds rather than trusting the record: the cut
+        applies only to the bytes it was planned for, or completes its own half-done self.
+        """
         if isinstance(intent.archive, ArchiveStep):
             self.archive.commit(
                 intent.session_id, intent.archive.root_id, revisions_of(intent.archive)
             )
+        self.apply_cut(intent, fd)
+
+    def apply_cut(self, intent: Intent, fd: int) -> None:
+        """Make the cut as the intent says, if it has one (see :meth:`apply_files`)."""
         if isinstance(intent.cut, CutStep):
             cut = intent.cut
             tail = b"" if cut.append is None else cut.append.encode() + b"\n"
@@ -102,7 +111,11 @@ class Intents:
             done = cut.offset + len(tail)
             if size == done and self.fs.pread(fd, len(tail), cut.offset) == tail:
                 return  # already done
-            if size not in (cut.before, cut.offset):
+            planned = size == cut.before and (
+                hashlib.sha256(self.fs.pread(fd, size - cut.offset, cut.offset)).hexdigest()
+                == cut.cut_sha256
+            )
+            if not planned and size != cut.offset:
                 # Not one of the states this cut passes through: the file moved on since
                 # (a finished change whose intent could not be removed). Never cut it.
                 log.error("session %s: stale cut intent ignored", intent.session_id)
