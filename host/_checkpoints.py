@@ -71,10 +71,11 @@ class Checkpoints:
         self.present.add(cp.session_id)
 
     def remove(self, session_id: str) -> None:
-        """Remove the session's checkpoint.
+        """Remove the session's checkpoint durably.
 
-        No folder fsync: a checkpoint that a power cut brings back holds an id that is
-        indexed by then (or one being dropped as empty), and settlement drops it again.
+        The folder fsync is needed: a checkpoint a power cut brings back after its row
+        was cut away (a regenerate) would be promoted again at the next start.
         """
-        self.fs.unlink(self.layout.inflight(session_id))
+        if self.fs.unlink(self.layout.inflight(session_id)):
+            self.fs.fsync_dir(self.layout.sessions)
         self.present.discard(session_id)

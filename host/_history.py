@@ -287,6 +287,8 @@ class HistoryMethods:
         except BaseException:
             await asyncio.shield(asyncio.to_thread(self._undo, s, intent, old, tail))
             raise
+        if not record:
+            return
         try:  # the change is made: tidying up can no longer fail the call
             await asyncio.to_thread(self._finish, s.session_id, intent)
         except OSError as exc:

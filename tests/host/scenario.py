@@ -82,6 +82,7 @@ PRE: dict[str, Op] = {
     "activate": OPS["truncate-regenerate"],  # archives u2's branch, then paging back to it
     "checkpoint": lambda c: c("session.beginTurn", sessionId="s", turnId="t3"),
     "promote": _turn_with_checkpoint,
+    "regenerate-streaming": _turn_with_checkpoint,
 }
 OPS["checkpoint"] = lambda c: c(
     "session.saveInflightMessage", sessionId="s", turnId="t3", message=msg("b3")
@@ -89,3 +90,5 @@ OPS["checkpoint"] = lambda c: c(
 OPS["promote"] = lambda c: c(
     "session.endTurn", sessionId="s", turnId="t3", status="aborted", recoverInflight=True
 )
+# Regenerate from the reply still streaming: its checkpoint is promoted, then cut away.
+OPS["regenerate-streaming"] = lambda c: c("session.truncateFrom", sessionId="s", fromMessageId="b3")

@@ -1,0 +1,127 @@
+"""The endpoint in-process: a real Host on real files, a fake writer at the transport edge.
+
+Here the test itself can hold a session's lock, so "a request already waiting for its
+lock" is a state the test reaches deterministically (over the wire it is a race).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from host import Host
+from host._endpoint import Connection
+
+
+class FakeWriter:
+    """The transport edge: collects every reply line the connection writes."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    async def drain(self) -> None:
+        pass
+
+    def replies(self) -> dict[Any, dict[str, Any]]:
+        out = {}
+        for line in bytes(self.data).split(b"\n")[:-1]:
+            reply = json.loads(line)
+            out[reply["id"]] = reply
+        return out
+
+
+def line(method: str, params: dict[str, Any], rid: Any = None) -> bytes:
+    req: dict[str, Any] = {"jsonrpc": "2.0", "method": method, "params": params}
+    if rid is not None:
+        req["id"] = rid
+    return json.dumps(req).encode()
+
+
+@pytest.fixture
+async def opened(tmp_path: Path) -> AsyncIterator[tuple[Host, Connection, FakeWriter]]:
+    async with Host.open(str(tmp_path / "data")) as host:
+        writer = FakeWriter()
+        conn = Connection(host.handlers, host.stats, writer)
+        conn.feed(line("handshake", {"protocolVersion": 11}, 0))
+        conn.feed(line("session.create", {"sessionId": "s"}, "create"))
+        await conn.finish()
+        assert writer.replies()["create"]["result"]["created"] is True
+        yield host, conn, writer
+        await conn.finish()
+
+
+async def _until_waiting(host: Host, session_id: str, users: int) -> None:
+    """Spin the loop until ``users`` calls hold or wait for the lock (bounded)."""
+    for _ in range(10_000):
+        if host.store.locks.users(session_id) >= users:
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the call never queued on the session's lock")
+
+
+def _transcript(tmp_path: Path) -> bytes:
+    return (tmp_path / "data" / "sessions" / "s.jsonl").read_bytes()
+
+
+async def test_cancel_of_a_call_waiting_on_the_lock_is_request_cancelled(
+    opened: tuple[Host, Connection, FakeWriter], tmp_path: Path
+) -> None:
+    host, conn, writer = opened
+    message = {"id": "m1", "role": "user", "content": "x"}
+    async with host.store.locks.hold("s"):
+        conn.feed(line("session.appendMessage", {"sessionId": "s", "message": message}, 7))
+        await _until_waiting(host, "s", 2)
+        conn.feed(line("$/cancelRequest", {"id": 7}))
+    await conn.finish()
+    reply = writer.replies()[7]
+    assert reply["error"]["code"] == -32800
+    assert reply["error"]["data"]["code"] == "REQUEST_CANCELLED"
+    assert _transcript(tmp_path) == b""
+    assert conn.calls == {}
+
+
+async def test_only_the_cancelled_call_is_skipped(
+    opened: tuple[Host, Connection, FakeWriter], tmp_path: Path
+) -> None:
+    host, conn, writer = opened
+    async with host.store.locks.hold("s"):
+        for i in range(3):
+            message = {"id": f"m{i}", "role": "user", "content": "x"}
+            conn.feed(line("session.appendMessage", {"sessionId": "s", "message": message}, i))
+        await _until_waiting(host, "s", 4)
+        conn.feed(line("$/cancelRequest", {"id": 1}))
+    await conn.finish()
+    replies = writer.replies()
+    assert replies[0]["result"] == {"line": 0, "appended": True}
+    assert replies[1]["error"]["data"]["code"] == "REQUEST_CANCELLED"
+    assert replies[2]["result"] == {"line": 1, "appended": True}
+    ids = [json.loads(b)["id"] for b in _transcript(tmp_path).split(b"\n")[:-1]]
+    assert ids == ["m0", "m2"]
+
+
+async def test_calls_on_one_session_apply_in_arrival_order(
+    opened: tuple[Host, Connection, FakeWriter], tmp_path: Path
+) -> None:
+    host, conn, writer = opened
+    message = {"id": "m", "role": "user", "content": "v1"}
+    async with host.store.locks.hold("s"):
+        conn.feed(line("session.appendMessage", {"sessionId": "s", "message": message}, 1))
+        update = {**message, "content": "v2"}
+        conn.feed(line("session.updateMessage", {"sessionId": "s", "message": update}, 2))
+        conn.feed(line("session.deleteMessages", {"sessionId": "s", "messageIds": ["m"]}, 3))
+        conn.feed(line("session.appendMessage", {"sessionId": "s", "message": update}, 4))
+        await _until_waiting(host, "s", 5)
+    await conn.finish()
+    replies = writer.replies()
+    assert replies[2]["result"] == {"line": 0}
+    assert replies[3]["result"] == {"deleted": 1}
+    assert replies[4]["result"] == {"line": 0, "appended": True}
+    assert json.loads(_transcript(tmp_path)) == {"id": "m", "role": "user", "content": "v2"}
