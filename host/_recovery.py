@@ -145,7 +145,7 @@ def _repair_file(
             not full
             and hint is not None
             and hint.file_ino == st.ino
-            and 0 < hint.byte_size <= st.size
+            and 0 < hint.byte_size < st.size  # grew: only then is a tail scan enough
             and t.read(hint.byte_size - 1, 1) == b"\n"
         ):
             start_off, start_line = hint.byte_size, hint.line_count
@@ -217,7 +217,8 @@ async def reconcile(
         report.indexed_lines += len(result.rows)
         report.torn_tails += result.torn_at is not None
         report.quarantined_lines += len(result.bad)
-    store.count("recovery.quarantined_lines", len(result.bad))
+    if report is None:  # at start the report's totals are added to the counters once
+        store.count("recovery.quarantined_lines", len(result.bad))
 
 
 def _read_meta(store: Store, session_id: str) -> tuple[str | None, str]:

@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import socket
+import stat
 import sys
 from typing import Any
 
@@ -135,8 +136,12 @@ async def serve_stdio(host: Host) -> None:
 
 
 def _clear_stale_socket(path: str) -> None:
-    if not os.path.exists(path):
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
         return
+    if not stat.S_ISSOCK(mode):
+        raise DataDirBusy(f"{path} exists and is not a socket: refusing to replace it")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         probe.connect(path)

@@ -108,17 +108,32 @@ class SessionMethods:
             end = total if p.before_line is UNSET else min(p.before_line, total)
             start = 0 if p.limit is UNSET else max(0, end - p.limit)
             rows = await self.store.index.rows(s.session_id, start, end) if end > start else []
-            size = sum(r.length + 1 for r in rows)
+            cap = p.display_cap if isinstance(p.display_cap, int) else None
+            # What the answer can hold: a capped line is about its cap (short fields are
+            # never clipped: allow slack); the encoded answer is checked again at the end.
+            size = sum(r.length + 1 if cap is None else min(r.length, 2 * cap + 4096) for r in rows)
             if size > MAX_LINE:
                 raise LimitExceeded(
                     f"lines {start}-{end} hold {size} bytes, over the 64 MiB result limit:"
                     " page with limit/beforeLine",
                     limit=MAX_LINE,
                 )
-            lines = await self.store.read_rows(s, rows)
-        cap = p.display_cap
-        if isinstance(cap, int):
-            lines = [display_capped(b, cap) if len(b) > cap else b for b in lines]
+            if cap is None:
+                lines = await self.store.read_rows(s, rows)
+            else:  # read in bounded runs, capping as it goes: memory follows the answer
+                lines = []
+                run: list[Row] = []
+                for r in rows:
+                    if r.length <= cap:
+                        run.append(r)
+                        if len(run) == 1024:
+                            lines += await self.store.read_rows(s, run)
+                            run = []
+                        continue
+                    lines += await self.store.read_rows(s, run)
+                    run = []
+                    lines.append(display_capped(await self.store.read_row(s, r), cap))
+                lines += await self.store.read_rows(s, run)
         return GetResult(
             messages=[Raw(b) for b in lines], start_line=start, end_line=end, total_lines=total
         )

@@ -1,0 +1,170 @@
+"""The 64 MiB limits: a request line over it is read through, a result over it is refused.
+
+These are the expensive tests: big lines are streamed from one reused 1 MiB chunk, and
+the big transcript is written straight into the data dir before the host starts (the
+host indexes it at start), so no 34 MB message has to cross the protocol to be stored.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.conftest import (
+    MAX_LINE,
+    Client,
+    HostProcess,
+    StartHost,
+    dumps,
+    everything,
+    transcript,
+)
+
+MiB = 1 << 20
+CHUNK = b"a" * MiB
+
+
+def _padded_request(rid: int, size: int) -> list[bytes]:
+    """Chunks of one ``session.get`` request line of exactly ``size`` bytes (no newline).
+
+    The pad is an unknown param, so a line the host reads whole is INVALID_PARAMS.
+    """
+    head = (
+        b'{"jsonrpc":"2.0","id":%d,"method":"session.get","params":{"sessionId":"s","pad":"' % rid
+    )
+    tail = b'"}}'
+    pad = size - len(head) - len(tail)
+    chunks = [head, *([CHUNK] * (pad // MiB)), CHUNK[: pad % MiB], tail]
+    assert sum(map(len, chunks)) == size
+    return chunks
+
+
+def _memory_mb(pid: int) -> dict[str, float]:
+    with open(f"/proc/{pid}/status") as f:
+        fields = dict(line.split(":", 1) for line in f if line.startswith("Vm"))
+    return {k: int(v.split()[0]) / 1024 for k, v in fields.items() if k in ("VmHWM", "VmRSS")}
+
+
+async def test_a_line_over_64_mib_is_read_through_with_bounded_memory(
+    host: HostProcess, client: Client, data_dir: Path
+) -> None:
+    await client.call("session.create", sessionId="s")
+    await client.call("session.appendMessage", sessionId="s", message={"id": "a", "role": "user"})
+    before = everything(data_dir)
+    base = _memory_mb(host.pid)["VmHWM"]
+    size = 2 * MAX_LINE  # 128 MiB: holding it whole would show in the high-water mark
+    await client.send_chunks([*_padded_request(1, size), b"\n"])
+    reply = await client.next_unmatched()
+    assert reply["id"] is None
+    assert reply["error"]["code"] == -32003
+    assert reply["error"]["data"]["code"] == "LIMIT_EXCEEDED"
+    # The reader lives on: the next line is served.
+    assert (await client.call("session.get", sessionId="s"))["totalLines"] == 1
+    peak = _memory_mb(host.pid)["VmHWM"]
+    assert peak < 200, f"host peak RSS {peak:.0f} MB for a {size / MiB:.0f} MiB line"
+    assert peak - base < 100, f"host grew {peak - base:.0f} MB reading a {size / MiB:.0f} MiB line"
+    assert everything(data_dir) == before
+
+
+async def test_the_limit_is_exactly_64_mib(host: HostProcess, client: Client) -> None:
+    await client.call("session.create", sessionId="s")
+    # A line of exactly 67,108,864 bytes is read and parsed (its unknown param is INVALID_PARAMS)
+    at_limit = client.expect(1)
+    await client.send_chunks([*_padded_request(1, MAX_LINE), b"\n"])
+    assert (await client.wait(at_limit))["error"]["data"]["code"] == "INVALID_PARAMS"
+    # One byte more is over: LIMIT_EXCEEDED with id null (the id was never read), and the
+    # request right behind it in the same write is served.
+    nxt = client.expect(3)
+    tail = b"\n" + dumps(client.envelope("session.list", {}, 3)) + b"\n"
+    await client.send_chunks([*_padded_request(2, MAX_LINE + 1), tail])
+    over = await client.next_unmatched()
+    assert over["id"] is None and over["error"]["data"]["code"] == "LIMIT_EXCEEDED"
+    assert (await client.wait(nxt))["result"]["sessions"][0]["sessionId"] == "s"
+
+
+async def test_an_unterminated_oversized_last_line_is_answered_too(host: HostProcess) -> None:
+    c = host.client
+    assert c is not None
+    await c.handshake()
+    await c.send_chunks(_padded_request(1, MAX_LINE + 10))
+    await c.close_input()
+    assert (await c.next_unmatched())["error"]["data"]["code"] == "LIMIT_EXCEEDED"
+    assert await host.wait() == 0
+
+
+# -- results --------------------------------------------------------------------------
+
+BIG = 34_000_000  # two of these are over 64 MiB, one is well under
+
+
+def _write_big_session(data: Path) -> list[bytes]:
+    """Write session "big" (two ~34 MB messages and a small one) straight to disk."""
+    (data / "sessions").mkdir(parents=True, mode=0o700)
+    lines = [
+        b'{"id":"big1","role":"tool","content":"' + b"x" * BIG + b'"}',
+        b'{"id":"big2","role":"tool","content":"' + b"y" * BIG + b'"}',
+        b'{"id":"small","role":"user","content":"hi"}',
+    ]
+    with open(transcript(data, "big"), "wb") as f:
+        for line in lines:
+            f.write(line)
+            f.write(b"\n")
+    return lines
+
+
+async def _big_host(start_host: StartHost, data_dir: Path) -> Client:
+    _write_big_session(data_dir)
+    host = await start_host()
+    assert host.client is not None
+    await host.client.handshake()
+    return host.client
+
+
+async def test_a_result_over_64_mib_is_limit_exceeded_and_paging_works(
+    start_host: StartHost, data_dir: Path
+) -> None:
+    client = await _big_host(start_host, data_dir)
+    before = everything(data_dir)
+    resp = await client.request("session.get", {"sessionId": "big"})
+    assert resp["error"]["code"] == -32003
+    assert resp["error"]["data"]["code"] == "LIMIT_EXCEEDED"
+    resp = await client.request("session.get", {"sessionId": "big", "beforeLine": 2})
+    assert resp["error"]["data"]["code"] == "LIMIT_EXCEEDED"
+    # Nothing was sent that was over the limit, and nothing changed.
+    assert client.longest_line <= MAX_LINE
+    assert everything(data_dir) == before
+    # Paging is the way through: one big message at a time.
+    page = await client.call("session.get", sessionId="big", beforeLine=2, limit=1)
+    assert (page["startLine"], page["endLine"], page["totalLines"]) == (1, 2, 3)
+    (big2,) = page["messages"]
+    assert big2["id"] == "big2" and len(big2["content"]) == BIG
+    small = await client.call("session.get", sessionId="big", limit=1)
+    assert [m["id"] for m in small["messages"]] == ["small"]
+    assert client.longest_line <= MAX_LINE
+    # In a batch, each answer fits on its own but together they do not: the batch reply
+    # stays within 64 MiB, one of them giving way to LIMIT_EXCEEDED.
+    c = client
+    out = await c.batch(
+        [
+            c.envelope("session.get", {"sessionId": "big", "beforeLine": 1, "limit": 1}, 1),
+            c.envelope("session.get", {"sessionId": "big", "beforeLine": 2, "limit": 1}, 2),
+        ]
+    )
+    assert {r["id"] for r in out} == {1, 2}
+    assert c.longest_line <= MAX_LINE
+    errors = [r for r in out if "error" in r]
+    assert [e["error"]["data"]["code"] for e in errors] == ["LIMIT_EXCEEDED"]
+    (ok,) = [r for r in out if "result" in r]
+    assert len(ok["result"]["messages"][0]["content"]) == BIG
+    assert everything(data_dir) == before
+
+
+async def test_display_capped_page_of_big_messages_fits(
+    start_host: StartHost, data_dir: Path
+) -> None:
+    client = await _big_host(start_host, data_dir)
+    page = await client.call("session.get", sessionId="big", displayCap=1000)
+    assert [m["id"] for m in page["messages"]] == ["big1", "big2", "small"]
+    assert page["messages"][0]["capped"] is True
+    compact = [json.dumps(m, separators=(",", ":"), ensure_ascii=False) for m in page["messages"]]
+    assert all(len(line.encode()) <= 1000 for line in compact)
