@@ -1,0 +1,81 @@
+"""A real full disk: a small tmpfs holds the data dir; the host fills it, then recovers.
+
+Appends answer STORAGE_ERROR once the disk is full, every acknowledged row stays
+readable, the host stays up, and once space is freed the next append succeeds; after a
+restart everything acknowledged is there and verify agrees. Needs root (mount); skipped
+elsewhere, where the fault-injection seam covers ENOSPC (tests/host/test_faults.py).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import RpcError, StartHost, get_messages, msg, restart_host, run_cli
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=3m,mode=0700", "tmpfs", str(mnt)],
+        capture_output=True,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+async def test_a_full_disk_answers_storage_error_and_loses_nothing(
+    start_host: StartHost, small_disk: Path
+) -> None:
+    ballast = small_disk / "ballast"
+    ballast.write_bytes(b"\0" * 512 * 1024)  # freed later to make room again
+    host = await start_host(small_disk / "data")
+    c = host.client
+    assert c is not None
+    await c.handshake()
+    await c.call("session.create", sessionId="s")
+    acked: list[str] = []
+    body = "x" * 32 * 1024
+    error = None
+    for i in range(200):
+        try:
+            res = await c.call(
+                "session.appendMessage", sessionId="s", message=msg(f"m{i}", "assistant", body)
+            )
+        except RpcError as exc:
+            error = exc
+            break
+        assert res["appended"] is True
+        acked.append(f"m{i}")
+    assert error is not None, "the disk never filled"
+    assert (error.code, error.name) == (-32007, "STORAGE_ERROR")
+    assert acked, "nothing fitted at all"
+    # The host lives on and serves every acknowledged row, and only those.
+    assert [m["id"] for m in await get_messages(c, "s")] == acked
+    try:  # still full: fails cleanly (or fits in what a failed write gave back)
+        await c.call("session.appendMessage", sessionId="s", message=msg("again", "user", body))
+        acked.append("again")
+    except RpcError as exc:
+        assert exc.name == "STORAGE_ERROR"
+    os.unlink(ballast)
+    res = await c.call("session.appendMessage", sessionId="s", message=msg("after", "user", "ok"))
+    assert res["appended"] is True
+    acked.append("after")
+    assert [m["id"] for m in await get_messages(c, "s")][-1] == "after"
+    host = await restart_host(start_host, host)
+    assert host.client is not None
+    got = [m["id"] for m in await get_messages(host.client, "s")]
+    assert got == acked
+    await host.stop()
+    code, out, _err = await run_cli("verify", "--data-dir", str(small_disk / "data"))
+    assert code == 0, out
