@@ -200,17 +200,21 @@ LAYOUT_OUTRO = """
 - `sessions/<id>.inflight.json` is the streaming checkpoint (ADR 0153):
   `{"sessionId", "turnId", "messageId", "message", "savedAt"}`, one per session.
 - `sessions/<id>.intent.json` is written before a change that touches the archive and the
-  transcript (`saveActiveRevision`, `activateRevision`, `truncateFrom`): what the archive
-  manifest, the cut and the stamp will be. Every step is idempotent, so a host that dies
-  mid-way finishes the change at its next start.
+  transcript (`saveActiveRevision`, `activateRevision`, a `truncateFrom` that archives or
+  restamps its root): what the archive manifest, the cut and the stamp will be. Every step
+  is idempotent and checks the state it finds (a cut carries the SHA-256 of the bytes it
+  removes), so a host that dies mid-way finishes the change at its next start. When a
+  later step fails while the host lives, the call undoes what it did and answers
+  `STORAGE_ERROR`; only if the undo fails too does the intent stay (design: docs/design.md).
 - `sessions/<id>.jsonl.quarantine` gets one JSON line per line moved out of the transcript:
   `{"sessionId", "line", "offset", "reason", "rawBase64"}`.
 - `revisions/<id>/<rootId>/manifest.json` lists a root's archived revisions
   (`{"rootId", "revisions": [{"revision", "file", "messageCount", "createdAt"}]}`); each
   revision's stored lines are in a payload file beside it (`NNNNNN-<hex>.jsonl`). The
-  manifest is the commit point: a payload is written and fsynced first, then the manifest
-  is replaced atomically, then payloads it no longer names are removed. Listing revisions
-  reads only the manifest.
+  manifest is the commit point: a payload is written and fsynced (with its folder) first,
+  then the manifest is replaced atomically, and payloads it no longer names are removed
+  once the call is finished (so a failed call can go back to the old manifest). Listing
+  revisions reads only the manifest.
 - `host.lock` holds the pid of the host that owns the data dir (an exclusive `flock`).
 - Files are created 0600 and folders 0700 whatever the caller's umask; the socket is 0600.
 """
@@ -231,16 +235,19 @@ An answer to a write means it is on disk. The order of every write (`host/_store
   switched to the new file; the old descriptor is kept until the index has followed, so a
   failed index commit puts the old bytes back.
 - **Small files** (meta, checkpoint, intent, revision manifest): temp file, `fsync`,
-  `rename`, folder `fsync`.
-- **Truncation** (`truncateFrom`): the intent is recorded first, then the transcript is cut
-  at the byte offset the index knows (`ftruncate`, the restamped root line appended if
-  any, `fsync`), then the index.
+  `rename`, folder `fsync`; until the folder fsync succeeds the old file keeps a second
+  (hard-linked) name, so a failure at any step puts it back.
+- **Truncation** (`truncateFrom`): the bytes to cut are read once (O(cut)); a cut that
+  archives a branch or restamps its root records an intent first; then the transcript is
+  cut at the byte offset the index knows (`ftruncate`, the restamped root line appended if
+  any, `fsync`), then the index. A plain cut is one `ftruncate` and needs no intent.
 - **Delete**: the transcript is unlinked first (that is the commit point), then the other
   files, the folder is fsynced, then the index rows go.
 
 At start, before the first request is read (`host/_service.py`, `host/_recovery.py`):
 
-1. Unfinished intents are applied to the files (an intent for another inode is dropped).
+1. Unfinished intents are applied to the files (a cut whose bytes no longer match is
+   dropped as stale).
 2. Stale `*.tmp` files under `sessions/` and `revisions/` are removed.
 3. Index rows of sessions whose transcript is gone are dropped.
 4. **Reconciliation by file stamp**: each transcript whose inode, size or mtime (ns) differs
@@ -394,9 +401,14 @@ read and the write inside one hold of the lock instead:
 - `session.activateRevision` answers `NOT_FOUND` (`kind: "revision"`) for a revision past the
   archive, and `CONFLICT` when a message id of the chosen revision is already in the
   transcript outside the branch it replaces.
-- `session.truncateFrom` settles a running turn (ends it `aborted`, promoting its checkpoint)
-  before it resolves the cut, even when the cut then turns out to be a no-op. A
-  `fromMessageId` that is not stored falls back to `truncateBefore`.
+- `session.truncateFrom` answers `NOT_FOUND` before it changes anything. Otherwise it
+  first settles the session: a running turn is ended `aborted` with its checkpoint promoted,
+  and a leftover checkpoint of an ended turn (a Stop whose final row never came) is promoted
+  as `recoverInflightMessages` would, so that row lands before the cut (and is archived
+  with its branch) instead of after the next conversation. This happens even when the cut
+  turns out to be a no-op. `fromMessageId` may name the streaming reply's checkpoint (it
+  resolves once promoted). A `fromMessageId` that is not stored falls back to
+  `truncateBefore`.
 
 ### The host process
 
