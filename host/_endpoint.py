@@ -101,7 +101,7 @@ class Connection:
         self.writer = writer
         self.handshaken = False
         self.calls: dict[Hashable, CallState] = {}
-        self.tasks: set[asyncio.Task[Any]] = set()
+        self.tasks: set[asyncio.Future[Any]] = set()
         self.closed = False
 
     # -- input ----------------------------------------------------------------------
@@ -115,32 +115,35 @@ class Connection:
         if not line.strip():
             return  # blank lines between messages are tolerated
         try:
-            line.decode("utf-8")
-            _RAW.decode(line)
-        except (UnicodeDecodeError, msgspec.DecodeError) as exc:
+            line.decode("utf-8")  # msgspec does not check UTF-8 inside raw values
+        except UnicodeDecodeError as exc:
             self._spawn_send(_error(None, ParseError(f"parse error: {exc}").to_object()))
             return
         first = line.lstrip()[:1]
-        if first == b"[":
-            items = BATCH.decode(line)
-            if not items:
-                self._spawn_send(_error(None, InvalidRequest("empty batch").to_object()))
-                return
-            parts = [self._start(bytes(item)) for item in items]
-            self._spawn(self._finish_batch(parts))
-        elif first == b"{":
-            part = self._start(line)
-            if isinstance(part, bytes):
-                self._spawn_send(part)
-            elif isinstance(part, asyncio.Task):
-                self._spawn(self._finish_one(part))
-        else:
-            err = InvalidRequest("a request must be a JSON object or a batch array")
-            self._spawn_send(_error(None, err.to_object()))
-
-    def _start(self, item: bytes) -> bytes | asyncio.Task[bytes | None] | None:
         try:
-            env = ENVELOPE.decode(item)
+            if first == b"[":
+                items = BATCH.decode(line)
+                if not items:
+                    self._spawn_send(_error(None, InvalidRequest("empty batch").to_object()))
+                    return
+                parts = [self._start(bytes(item), reply=False) for item in items]
+                self._spawn(self._finish_batch(parts))
+            elif first == b"{":
+                part = self._start(line, reply=True)  # malformed JSON raises DecodeError
+                if isinstance(part, bytes):
+                    self._spawn_send(part)
+                elif isinstance(part, asyncio.Task):
+                    self._track(part)
+            else:
+                _RAW.decode(line)  # JSON, but not a request: tell the two apart
+                err = InvalidRequest("a request must be a JSON object or a batch array")
+                self._spawn_send(_error(None, err.to_object()))
+        except msgspec.DecodeError as exc:
+            self._spawn_send(_error(None, ParseError(f"parse error: {exc}").to_object()))
+
+    def _start(self, item: bytes, *, reply: bool) -> bytes | asyncio.Task[bytes | None] | None:
+        try:
+            env = ENVELOPE.decode(item)  # a DecodeError (not JSON) goes up to feed()
         except msgspec.ValidationError as exc:
             try:
                 rid = ID_ONLY.decode(item).id
@@ -177,7 +180,7 @@ class Connection:
             return None if note else _error(rid, exc.to_object())
         call = CallState(method)
         task = asyncio.get_running_loop().create_task(
-            self._run(call, self.handlers[method], params, rid, note)
+            self._run(call, self.handlers[method], params, rid, note, reply)
         )
         call.task = task
         if not note:
@@ -214,8 +217,9 @@ class Connection:
     # -- calls ----------------------------------------------------------------------
 
     async def _run(
-        self, call: CallState, handler: Handler, params: Any, rid: Any, note: bool
+        self, call: CallState, handler: Handler, params: Any, rid: Any, note: bool, reply: bool
     ) -> bytes | None:
+        """Run one call; send its answer when ``reply`` (else a batch collects it)."""
         CURRENT_CALL.set(call)
         call.running = True
         t0 = time.perf_counter()
@@ -243,12 +247,11 @@ class Connection:
             self.stats.record(call.method, time.perf_counter() - t0, ok)
             if not note and self.calls.get(_key(rid)) is call:
                 del self.calls[_key(rid)]
-        return None if note else body
-
-    async def _finish_one(self, task: asyncio.Task[bytes | None]) -> None:
-        body = await task
-        if body is not None:
+        if note:
+            return None
+        if reply:
             await self.send(body)
+        return body
 
     async def _finish_batch(self, parts: list[bytes | asyncio.Task[bytes | None] | None]) -> None:
         out: list[bytes] = []
@@ -282,7 +285,9 @@ class Connection:
         self._spawn(self.send(body))
 
     def _spawn(self, coro: Awaitable[None]) -> None:
-        task = asyncio.ensure_future(coro)
+        self._track(asyncio.ensure_future(coro))
+
+    def _track(self, task: asyncio.Future[Any]) -> None:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
