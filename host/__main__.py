@@ -43,18 +43,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
     os.umask(0o077)  # files 0600, folders 0700, whatever the caller's umask
-    if args.command == "inspect":
-        from host._inspect import inspect
+    if args.command in ("inspect", "export"):
+        from host._errors import HostError
+        from host._inspect import export, inspect
 
-        return inspect(
-            args.data_dir, args.session, limit=args.limit, before=args.before, as_json=args.json
-        )
-    if args.command == "export":
-        from host._inspect import export
-
-        return export(
-            args.data_dir, args.session, fmt=args.format, with_revisions=args.with_revisions
-        )
+        try:
+            if args.command == "inspect":
+                return inspect(
+                    args.data_dir,
+                    args.session,
+                    limit=args.limit,
+                    before=args.before,
+                    as_json=args.json,
+                )
+            return export(
+                args.data_dir, args.session, fmt=args.format, with_revisions=args.with_revisions
+            )
+        except HostError as exc:
+            print(f"{parser.prog} {args.command}: {exc.message}", file=sys.stderr)
+            return 2
     if args.command == "serve":
         from host._server import serve as run
 

@@ -177,7 +177,7 @@ def inspect(
             _table(rows, out)
             print(f"\n{len(sessions)} session(s) in {ins.layout.root}", file=out)
             return 0
-        sid = check_id(session_id, "session")
+        sid = check_id(session_id, "sessionId")
         total = ins.count(sid)
         end = total if before is None else min(before, total)
         start = max(0, end - limit)
@@ -265,7 +265,7 @@ def export(
     """Write a session's transcript (and archived branches) as JSONL or Markdown."""
     ins = Inspector(data_dir)
     try:
-        sid = check_id(session_id, "session")
+        sid = check_id(session_id, "sessionId")
         total = ins.count(sid)
         msgs = [m for _, m, _ in ins.messages(sid, 0, total)]
         revisions: dict[str, list[list[dict[str, Any]]]] = {}

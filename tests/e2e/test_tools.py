@@ -1,0 +1,121 @@
+"""Operator tools: inspect and export a data dir (live or not), JSON logs, the schema."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.conftest import Client, HostProcess, StartHost, disk_state, msg, run_cli
+
+
+async def _conversation(c: Client) -> None:
+    await c.call("session.create", sessionId="trip", title="Trip plan")
+    await c.call("session.create", sessionId="empty")
+    await c.call(
+        "session.beginTurn", sessionId="trip", turnId="t1", prompt=msg("u1", "user", "Plan Lyon")
+    )
+    await c.call(
+        "session.appendMessage",
+        sessionId="trip",
+        turnId="t1",
+        message=msg(
+            "a1", "assistant", [{"type": "text", "text": "Start at Fourvière.\nThen eat."}]
+        ),
+    )
+    await c.call("session.endTurn", sessionId="trip", turnId="t1", status="completed")
+    await c.call("session.truncateFrom", sessionId="trip", fromMessageId="a1")  # regenerate
+    await c.call("session.beginTurn", sessionId="trip", turnId="t2")
+    await c.call(
+        "session.saveInflightMessage",
+        sessionId="trip",
+        turnId="t2",
+        message=msg("a2", "assistant", "Begin at the old town"),
+    )
+
+
+async def test_inspect_lists_sessions_and_shows_one_beside_a_live_host(
+    host: HostProcess, client: Client, data_dir: Path
+) -> None:
+    await _conversation(client)
+    before = disk_state(data_dir)
+    code, out, _ = await run_cli("inspect", "--data-dir", str(data_dir))
+    assert code == 0
+    trip = next(line for line in out.splitlines() if line.startswith("trip"))
+    assert "Trip plan" in trip and "t2" in trip and "yes" in trip  # running turn, checkpoint
+    assert "2 session(s)" in out
+
+    code, out, _ = await run_cli("inspect", "--data-dir", str(data_dir), "trip", "--json")
+    assert code == 0
+    detail = json.loads(out)
+    assert [(t["turnId"], t["status"]) for t in detail["turns"]] == [
+        ("t1", "completed"),
+        ("t2", "running"),
+    ]
+    assert [(m["id"], m["role"], m["turnId"]) for m in detail["messages"]] == [("u1", "user", "t1")]
+    assert detail["roots"] == [{"rootId": "u1", "revisions": 1}]  # the cut reply is archived
+    assert detail["checkpoint"]["messageId"] == "a2"
+
+    code, out, _ = await run_cli("inspect", "--data-dir", str(data_dir), "trip")
+    assert code == 0
+    assert "checkpoint: message a2 of turn t2" in out and "u1: 1 archived revision(s)" in out
+    assert disk_state(data_dir) == before  # a look changes nothing, even with a host live
+    assert await client.call("session.list")  # and the host is undisturbed
+
+
+async def test_inspect_pages_messages(client: Client, data_dir: Path) -> None:
+    await client.call("session.create", sessionId="long")
+    for i in range(30):
+        await client.call(
+            "session.appendMessage", sessionId="long", message=msg(f"m{i}", "user", f"line {i}")
+        )
+    code, out, _ = await run_cli(
+        "inspect", "--data-dir", str(data_dir), "long", "--limit", "5", "--before", "10", "--json"
+    )
+    assert code == 0
+    assert [m["id"] for m in json.loads(out)["messages"]] == [f"m{i}" for i in range(5, 10)]
+
+
+async def test_export_jsonl_and_markdown_with_revisions(client: Client, data_dir: Path) -> None:
+    await _conversation(client)
+    code, out, _ = await run_cli("export", "--data-dir", str(data_dir), "trip", "--with-revisions")
+    assert code == 0
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert rows[0]["id"] == "u1"
+    assert rows[1] == {"revisionOf": "u1", "revision": 0, "message": rows[1]["message"]}
+    assert rows[1]["message"]["id"] == "a1" and rows[1]["message"]["turnId"] == "t1"
+    code, out, _ = await run_cli(
+        "export", "--data-dir", str(data_dir), "trip", "--format", "markdown", "--with-revisions"
+    )
+    assert code == 0
+    assert "# Session trip" in out and "Plan Lyon" in out
+    assert "**revision 0** of the reply to `u1`" in out and "> Start at Fourvière." in out
+
+
+async def test_unknown_session_and_bad_id_are_clear_errors(client: Client, data_dir: Path) -> None:
+    code, _out, err = await run_cli("inspect", "--data-dir", str(data_dir), "nope")
+    assert code != 0 and "no session 'nope'" in err
+    code, _out, err = await run_cli("export", "--data-dir", str(data_dir), "../etc")
+    assert code != 0 and "sessionId" in err and "Traceback" not in err
+
+
+async def test_json_logs_name_session_and_message(start_host: StartHost, data_dir: Path) -> None:
+    host = await start_host(args=["--log-format", "json"])
+    c = host.client
+    assert c is not None
+    await c.handshake()
+    await c.call("session.create", sessionId="s")
+    await c.call("session.beginTurn", sessionId="s", turnId="t1")
+    await c.call(
+        "session.saveInflightMessage",
+        sessionId="s",
+        turnId="t1",
+        message=msg("a1", "assistant", ""),
+    )
+    await c.call(
+        "session.endTurn", sessionId="s", turnId="t1", status="aborted", recoverInflight=True
+    )
+    await host.stop()
+    records = [json.loads(line) for line in host.log.splitlines() if line.startswith("{")]
+    assert records and all({"time", "level", "logger", "message"} <= set(r) for r in records)
+    dropped = [r for r in records if "dropped" in r["message"]]
+    assert dropped and "session s" in dropped[0]["message"] and "a1" in dropped[0]["message"]
