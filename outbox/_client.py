@@ -60,7 +60,9 @@ class HostClient:
         writer: asyncio.StreamWriter,
         proc: asyncio.subprocess.Process | None = None,
         deadline: float = DEFAULT_DEADLINE,
+        spawn_args: tuple[str, str | None] | None = None,
     ) -> None:
+        self.spawn_args = spawn_args
         self._reader = reader
         self._writer = writer
         self.proc = proc
@@ -94,7 +96,7 @@ class HostClient:
                 stderr.close()
         assert proc.stdout is not None and proc.stdin is not None
         writer = proc.stdin
-        return cls(proc.stdout, writer, proc, deadline)
+        return cls(proc.stdout, writer, proc, deadline, (data_dir, log_path))
 
     @classmethod
     async def connect(cls, socket_path: str, *, deadline: float = DEFAULT_DEADLINE) -> HostClient:
@@ -186,9 +188,21 @@ class HostClient:
             await self._writer.drain()
         except ConnectionError as exc:
             raise HostGone(str(exc)) from None
+        # One deadline for the whole batch; every call still unanswered then is cancelled.
+        await asyncio.wait(futs, timeout=timeout or self.deadline)  # cancels nothing
+        if any(not f.done() for f in futs):
+            for rid, fut in zip(ids, futs, strict=True):
+                if not fut.done():
+                    self._pending.pop(rid, None)
+                    fut.cancel()
+                    with contextlib.suppress(ClientError, ConnectionError):
+                        self._send(
+                            {"jsonrpc": "2.0", "method": "$/cancelRequest", "params": {"id": rid}}
+                        )
+            raise CallTimeout(f"batch of {len(ids)} got no full answer within its deadline")
         out: list[Any] = []
-        for rid, fut in zip(ids, futs, strict=True):
-            reply = await self._await(rid, fut, timeout)
+        for fut in futs:
+            reply = fut.result()  # HostGone if the host died
             out.append(RemoteError(reply["error"]) if "error" in reply else reply.get("result"))
         return out
 
@@ -204,6 +218,18 @@ class HostClient:
                 self.proc.kill()
                 await self.proc.wait()
         await self._task
+
+    async def respawn(self) -> HostClient:
+        """Start a new host like this one (after it died) and handshake it."""
+        if self.spawn_args is None:
+            raise ClientError("this client did not spawn its host: connect again instead")
+        if self.proc is not None and self.proc.returncode is None:
+            self.kill()
+            await self.proc.wait()
+        data_dir, log_path = self.spawn_args
+        client = await HostClient.spawn(data_dir, log_path=log_path, deadline=self.deadline)
+        await client.handshake()
+        return client
 
     def kill(self) -> None:
         """Kill the host process (tests and crash drills)."""

@@ -160,10 +160,10 @@ async def _session(
             "role": "user",
             "content": f"question {k} of run {number}",
         }
-        if action == "regenerate" and await driver.truncate_last_reply(sid) is not None:
-            prompt, regenerate = None, True
         agent = SimAgent(tid, plan_turn(rng, opts.reply_seconds, 40.0), rng)
         try:
+            if action == "regenerate" and await driver.truncate_last_reply(sid) is not None:
+                prompt, regenerate = None, True
             st = await driver.begin(sid, tid, prompt)
         except (ClientError, DrainTimeout) as exc:
             run.outcomes["not started"] = run.outcomes.get("not started", 0) + 1

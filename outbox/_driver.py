@@ -120,6 +120,7 @@ class TurnDriver:
         self.drain_timeout = drain_timeout
         self.active: dict[str, TurnState] = {}  # session -> its running turn
         self.inflight: dict[str, Throttle] = {}  # session -> the checkpoint state it keeps
+        self._turn_ended = asyncio.Event()
         self.stats = {"checkpoints": 0, "turns": 0, "skipped_archives": 0, "rows": 0}
 
     async def enqueue(self, session_id: str, message: dict[str, Any], turn_id: str) -> None:
@@ -214,6 +215,7 @@ class TurnDriver:
         )
         if self.active.get(st.session_id) is st:
             del self.active[st.session_id]
+        self._turn_ended.set()
 
     async def save_active(self, session_id: str) -> None:
         """Archive a finished regenerate branch, after the drain (ADR 0060)."""
@@ -247,11 +249,24 @@ class TurnDriver:
 
     async def quit(self, stop_agents: Callable[[], None], wait: float = QUIT_DRAIN) -> None:
         """Flush checkpoints, abort active turns, wait (bounded) for their rows to drain."""
+        deadline = self.clock.now() + wait
         for throttle in list(self.inflight.values()):
             await throttle.flush()
         stop_agents()
+        # The aborted rows are enqueued by the turns as they end: wait for them to end,
+        # then for their rows to drain, all within the one bound.
+        while self.active:
+            remaining = deadline - self.clock.now()
+            if remaining <= 0:
+                break
+            try:
+                async with asyncio.timeout(remaining):
+                    await self._turn_ended.wait()
+            except TimeoutError:
+                break
+            self._turn_ended.clear()
         with contextlib.suppress(DrainTimeout):
-            await self.outbox.drain(wait)
+            await self.outbox.drain(max(0.0, deadline - self.clock.now()))
 
 
 def text_of(message: dict[str, Any]) -> str:

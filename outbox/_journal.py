@@ -1,10 +1,12 @@
 """The outbox's durable journal: ``<app dir>/outbox.jsonl``.
 
-One line per entry (``{"seq", "sessionId", "turnId", "message"}``) and one per
-acknowledgement (``{"ack": seq}``). ``append`` returns once the entry is fsynced; entries
-that arrive while an fsync is in flight share the next one (group commit). Acks are not
-fsynced: a lost ack only means the entry is sent again, and the host deduplicates by id.
-Once everything is acknowledged the file is compacted by atomic replace.
+One line per entry (``{"seq", "sessionId", "turnId", "message", "crc"}``) and one per
+acknowledgement (``{"ack": seq, "crc"}``); ``crc`` is the CRC-32 of the line without it,
+so a flipped byte is reported and skipped at open, never read as another entry.
+``append`` returns once the entry is fsynced; entries that arrive while an fsync is in
+flight share the next one (group commit). Acks are not fsynced: a lost ack only means
+the entry is sent again, and the host deduplicates by id. Once everything is
+acknowledged the file is compacted by atomic replace.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import zlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -44,6 +47,27 @@ _ENC = msgspec.json.Encoder()
 COMPACT_AFTER = 4096  # acknowledged entries before an idle journal is rewritten
 
 
+_CRC = b',"crc":'
+
+
+def _sealed(obj: bytes) -> bytes:
+    """``{...}`` -> ``{...,"crc":N}\\n`` with N the CRC-32 of ``{...}``."""
+    return obj[:-1] + _CRC + b"%d}\n" % zlib.crc32(obj)
+
+
+def _checked(line: bytes) -> bytes:
+    """The line without its CRC, or ``ValueError`` when the CRC does not match."""
+    at = line.rfind(_CRC)
+    if at < 0 or not line.endswith(b"}"):
+        return line  # written before lines were sealed
+    body = line[:at] + b"}"
+    if not line[at + len(_CRC) : -1].isdigit() or zlib.crc32(body) != int(
+        line[at + len(_CRC) : -1]
+    ):
+        raise ValueError("CRC mismatch")
+    return body
+
+
 class Journal:
     """Append-only, fsynced, compacted when idle."""
 
@@ -54,7 +78,7 @@ class Journal:
         self._fd = -1
         self._written = 0  # highest seq written to the page cache
         self._synced = 0  # highest seq known durable
-        self._sync: asyncio.Future[None] | None = None
+        self._sync: asyncio.Future[None] | None = None  # the group's fsync in flight
         self._acked_since_compact = 0
         self.fsyncs = 0
 
@@ -79,8 +103,9 @@ class Journal:
         while (nl := data.find(b"\n", pos)) >= 0:
             raw, at, pos = data[pos:nl], pos, nl + 1
             try:
-                line = _DEC.decode(raw)
-            except msgspec.MsgspecError:
+                raw.decode("utf-8")
+                line = _DEC.decode(_checked(raw))
+            except (msgspec.MsgspecError, ValueError):
                 bad += 1
                 log.error("journal: unreadable entry at byte %d skipped", at)
                 continue
@@ -106,9 +131,10 @@ class Journal:
 
     async def append(self, session_id: str, message: bytes, turn_id: str | None) -> Entry:
         """Write one entry and return once it is durable."""
+        message.decode("utf-8")  # the host would refuse the whole batch line otherwise
         entry = Entry(self.next_seq, session_id, Raw(message), turn_id)
         self.next_seq += 1
-        os.write(self._fd, _ENC.encode(entry) + b"\n")
+        os.write(self._fd, _sealed(_ENC.encode(entry)))
         self._written = entry.seq
         self.pending[entry.seq] = entry
         await self._sync_through(entry.seq)
@@ -116,28 +142,22 @@ class Journal:
 
     async def _sync_through(self, seq: int) -> None:
         while self._synced < seq:
-            if self._sync is not None:
-                await asyncio.shield(self._sync)
-                continue
-            target = self._written
-            self._sync = asyncio.get_running_loop().create_future()
-            try:
-                await asyncio.to_thread(os.fsync, self._fd)
-                self.fsyncs += 1
-                self._synced = max(self._synced, target)
-                self._sync.set_result(None)
-            except BaseException as exc:
-                self._sync.set_exception(exc)
-                self._sync.exception()  # retrieved: each waiter re-raises its own below
-                raise
-            finally:
-                self._sync = None
+            if self._sync is None or self._sync.done():
+                # The fsync is a task of its own: cancelling one waiter (even the one that
+                # started it) neither stops it nor fails the others sharing it.
+                self._sync = asyncio.ensure_future(self._fsync(self._written))
+            await asyncio.shield(self._sync)
+
+    async def _fsync(self, target: int) -> None:
+        await asyncio.to_thread(os.fsync, self._fd)
+        self.fsyncs += 1
+        self._synced = max(self._synced, target)
 
     def ack(self, seq: int) -> None:
         """Mark an entry acknowledged by the host (not fsynced: a replay is harmless)."""
         if self.pending.pop(seq, None) is None:
             return
-        os.write(self._fd, b'{"ack":%d}\n' % seq)
+        os.write(self._fd, _sealed(b'{"ack":%d}' % seq))
         self._acked_since_compact += 1
         if not self.pending and self._acked_since_compact >= COMPACT_AFTER:
             self._compact()
@@ -147,7 +167,7 @@ class Journal:
         tmp = f"{self.path}.{os.urandom(4).hex()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
-            os.write(fd, b"".join(_ENC.encode(e) + b"\n" for e in self.pending.values()))
+            os.write(fd, b"".join(_sealed(_ENC.encode(e)) for e in self.pending.values()))
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -27,6 +27,8 @@ from outbox._journal import Entry, Journal
 
 log = logging.getLogger("outbox")
 BATCH = 256
+BATCH_BYTES = 32 * 1024 * 1024  # a batch line stays well under the host's 64 MiB limit
+ROW_LIMIT = 64 * 1024 * 1024 - 4096  # a row that cannot fit any request line
 DROP = {"NOT_FOUND", "INVALID_PARAMS", "CONFLICT"}
 _ENC = msgspec.json.Encoder()
 
@@ -47,6 +49,7 @@ class Outbox:
         self.backoff = (0.05, 2.0)
         self.stats = {"enqueued": 0, "acked": 0, "dropped": 0, "retries": 0, "batches": 0}
         self.on_ack: Callable[[Entry], None] | None = None
+        self._retrying: set[str] = set()  # sessions whose first pending row failed
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -97,7 +100,11 @@ class Outbox:
                 async with self._progress:
                     await self._progress.wait_for(done)
         except TimeoutError:
-            left = sum(1 for e in self.journal.pending.values() if e.seq <= upto)
+            left = sum(
+                1
+                for e in self.journal.pending.values()
+                if e.seq <= upto and (session_id is None or e.session_id == session_id)
+            )
             raise DrainTimeout(
                 f"outbox not drained within {timeout:.1f} s: {left} entr(ies) still pending"
             ) from None
@@ -110,7 +117,9 @@ class Outbox:
                 await self._wake.wait()
                 continue
             client = self.client
-            entries = sorted(self.journal.pending.values(), key=lambda e: e.seq)[:BATCH]
+            entries = self._next_batch()
+            if not entries:
+                continue
             try:
                 results = await client.batch(
                     [("session.appendMessage", _params(e)) for e in entries]
@@ -132,6 +141,31 @@ class Outbox:
             else:
                 delay = self.backoff[0]
 
+    def _next_batch(self) -> list[Entry]:
+        """The next entries in order: at most BATCH of them and BATCH_BYTES of message.
+
+        A session whose last attempt failed sends only its first pending row until that
+        lands, so its later rows cannot be stored ahead of it.
+        """
+        out: list[Entry] = []
+        size = 0
+        seen: set[str] = set()
+        for e in sorted(self.journal.pending.values(), key=lambda e: e.seq):
+            n = len(e.message) + 256
+            if n > ROW_LIMIT:
+                log.error("outbox: entry %d is over the host's line limit: dropped", e.seq)
+                self.stats["dropped"] += 1
+                self.journal.ack(e.seq)
+                continue
+            if e.session_id in self._retrying and e.session_id in seen:
+                continue
+            if out and (len(out) >= BATCH or size + n > BATCH_BYTES):
+                break
+            seen.add(e.session_id)
+            out.append(e)
+            size += n
+        return out
+
     def _settle(self, entries: list[Entry], results: list[Any]) -> bool:
         held: set[str] = set()
         for entry, result in zip(entries, results, strict=True):
@@ -149,9 +183,11 @@ class Outbox:
                 else:
                     log.warning("outbox: entry %d will be retried: %s", entry.seq, result)
                     held.add(entry.session_id)
+                    self._retrying.add(entry.session_id)
                     continue
             else:
                 self.stats["acked"] += 1
+                self._retrying.discard(entry.session_id)
             self.journal.ack(entry.seq)
             if self.on_ack is not None:
                 self.on_ack(entry)

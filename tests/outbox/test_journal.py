@@ -1,0 +1,168 @@
+"""The outbox journal: durable on return, torn tail cut, group commit, compaction."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import random
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+
+from outbox import Journal, _journal
+from tests.outbox.kit import WAIT, python, reap, until
+
+PRODUCER = """
+import asyncio, sys
+from outbox import Journal
+
+async def writer(j, w):
+    for i in range(1_000_000):
+        body = b'{"id":"w%d-%d","role":"assistant","content":"%s"}' % (w, i, b"x" * (i % 300))
+        entry = await j.append("s%d" % w, body, "t%d" % w)
+        print(entry.seq, flush=True)
+
+async def main():
+    async with Journal.open(sys.argv[1]) as j:
+        await asyncio.gather(*(writer(j, w) for w in range(4)))
+
+asyncio.run(main())
+"""
+
+
+def body(seq: int) -> bytes:
+    return b'{"id":"m%d","role":"user","content":"text %d"}' % (seq, seq)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_every_entry_whose_append_returned_survives_kill_9(tmp_path: Path, seed: int) -> None:
+    path = tmp_path / "app" / "outbox.jsonl"
+    script = tmp_path / "producer.py"
+    script.write_text(PRODUCER)
+    proc = await python(str(script), str(path))
+    assert proc.stdout is not None
+    kill_after = random.Random(seed).randrange(20, 400)
+    printed: list[int] = []
+    async with asyncio.timeout(WAIT):
+        while len(printed) < kill_after:
+            line = await proc.stdout.readline()
+            assert line, f"the producer died early: {await reap(proc)}"
+            printed.append(int(line))
+    proc.send_signal(signal.SIGKILL)
+    rest, _ = await asyncio.wait_for(proc.communicate(), WAIT)
+    printed += [int(n) for n in rest.split()]  # every seq it printed before it died
+    assert proc.returncode == -signal.SIGKILL
+
+    async with Journal.open(str(path)) as journal:
+        missing = sorted(set(printed) - set(journal.pending))
+        assert not missing, f"entries reported durable are gone after kill -9: {missing[:10]}"
+        for seq in printed:
+            entry = journal.pending[seq]
+            message = json.loads(bytes(entry.message))
+            assert message["id"].startswith("w") and entry.session_id == f"s{message['id'][1]}"
+        assert journal.next_seq > max(printed)
+
+
+async def test_torn_last_line_is_cut_and_later_entries_read_back(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "outbox.jsonl"
+    async with Journal.open(str(path)) as journal:
+        for seq in (1, 2):
+            await journal.append("s", body(seq), "t")
+    whole = path.read_bytes()
+    path.write_bytes(whole + b'{"seq":3,"sessionId":"s","message":{"id":"m3","ro')
+
+    with caplog.at_level(logging.WARNING, logger="outbox.journal"):
+        async with Journal.open(str(path)) as journal:
+            assert sorted(journal.pending) == [1, 2]
+            assert path.read_bytes() == whole, "the torn tail is cut on open"
+            third = await journal.append("s", body(3), "t")
+    assert "torn last entry" in caplog.text
+
+    async with Journal.open(str(path)) as journal:
+        assert sorted(journal.pending) == [1, 2, third.seq]
+        assert bytes(journal.pending[third.seq].message) == body(3)
+
+
+async def test_concurrent_appends_share_fsyncs(tmp_path: Path) -> None:
+    path = tmp_path / "outbox.jsonl"
+    n = 500
+    async with Journal.open(str(path)) as journal:
+        entries = await asyncio.gather(
+            *(journal.append(f"s{i % 7}", body(i), None) for i in range(n))
+        )
+        assert journal.fsyncs < n / 4, f"{journal.fsyncs} fsyncs for {n} concurrent appends"
+    assert sorted(e.seq for e in entries) == list(range(1, n + 1))
+    async with Journal.open(str(path)) as journal:
+        assert len(journal.pending) == n
+
+
+async def test_cancelling_one_append_does_not_fail_the_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A slow disk: the first fsync waits until the test lets it go (the edge is faked,
+    # the file is real), so the cancel lands while that fsync leads the group.
+    entered, release = threading.Event(), threading.Event()
+    real_fsync = os.fsync
+
+    def slow_fsync(fd: int) -> None:
+        if not entered.is_set():
+            entered.set()
+            release.wait(WAIT)
+        real_fsync(fd)
+
+    async with Journal.open(str(tmp_path / "outbox.jsonl")) as journal:
+        monkeypatch.setattr(os, "fsync", slow_fsync)
+        first = asyncio.create_task(journal.append("s", body(1), None))
+        await until(entered.is_set, "the first fsync to start")
+        others = [asyncio.create_task(journal.append("s", body(i), None)) for i in (2, 3)]
+        await until(lambda: len(journal.pending) == 3, "the other appends to write their lines")
+        first.cancel()
+        release.set()
+        results = await asyncio.gather(*others, return_exceptions=True)
+        with contextlib.suppress(asyncio.CancelledError):
+            await first
+        monkeypatch.undo()
+    assert [type(r).__name__ for r in results] == ["Entry", "Entry"], results
+
+
+async def test_journal_is_compacted_once_everything_is_acknowledged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_journal, "COMPACT_AFTER", 50)
+    path = tmp_path / "outbox.jsonl"
+    async with Journal.open(str(path)) as journal:
+        entries = [await journal.append("s", body(i), None) for i in range(60)]
+        for entry in entries[:49]:
+            journal.ack(entry.seq)
+        grown = path.stat().st_size
+        assert len(journal.pending) == 11
+        for entry in entries[49:]:
+            journal.ack(entry.seq)
+        assert path.stat().st_size < grown / 10, "acknowledged entries are compacted away"
+        later = await journal.append("s", body(99), None)  # appends go to the new file
+    async with Journal.open(str(path)) as journal:
+        assert list(journal.pending) == [later.seq]
+        assert bytes(journal.pending[later.seq].message) == body(99)
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+async def test_reopening_a_fully_acknowledged_journal_compacts_it(tmp_path: Path) -> None:
+    path = tmp_path / "outbox.jsonl"
+    async with Journal.open(str(path)) as journal:
+        for i in range(20):
+            journal.ack((await journal.append("s", body(i), None)).seq)
+        kept = await journal.append("s", body(20), None)
+    async with Journal.open(str(path)) as journal:
+        assert list(journal.pending) == [kept.seq], "the unacknowledged entry survives"
+        journal.ack(kept.seq)
+    assert path.stat().st_size > 0
+    async with Journal.open(str(path)) as journal:
+        assert not journal.pending
+    assert path.stat().st_size == 0
