@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 DATA   ?= ./data
 RUNDIR ?= ./run
 
-.PHONY: install test lint run demo serve stop schema bench clean
+.PHONY: install test lint run demo serve stop schema bench chaos clean
 
 install: $(STAMP)
 
@@ -49,6 +49,9 @@ schema: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python scripts/bench.py
+
+chaos: $(STAMP)
+	$(BIN)/python scripts/chaos.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -122,9 +122,8 @@ async def test_storage_error_is_retried_with_backoff_until_it_lands(tmp_path: Pa
 @pytest.mark.xfail(
     strict=True,
     raises=AssertionError,
-    reason="BUG: a retryable error on one row does not hold back the session's later rows:"
-    " they ride the same batch, are stored, and the failed row lands after them"
-    " (outbox/_outbox.py, _drain_loop/_settle)",
+    reason="Known limit (docs/design.md, Producer side): rows already sent in the same batch"
+    " as a failing one are stored ahead of it; later batches hold the session back",
 )
 async def test_later_rows_of_a_session_wait_behind_a_failing_one(tmp_path: Path) -> None:
     host = FakeHost()
