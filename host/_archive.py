@@ -17,8 +17,10 @@ from dataclasses import asdict, dataclass
 
 import aiofiles
 
+from host._errors import StorageError
 from host._fs import FileSystem
 from host._layout import Layout, check_id
+from host._messages import parse_stored
 
 log = logging.getLogger("host.archive")
 
@@ -31,6 +33,35 @@ class Revision:
     file: str
     messageCount: int
     createdAt: str
+
+
+class ArchiveDamaged(StorageError):
+    """Raised when an archived revision's payload is not what its manifest says."""
+
+
+def _lines(session_id: str, root_id: str, rev: Revision, data: bytes) -> list[bytes]:
+    lines = data.split(b"\n")
+    ok = data.endswith(b"\n") or not data
+    lines = lines[:-1]
+    if not ok or len(lines) != rev.messageCount or not all(map(parse_ok, lines)):
+        log.error(
+            "session %s: revision %d of root %s is damaged (%s)",
+            session_id,
+            rev.revision,
+            root_id,
+            rev.file,
+        )
+        raise ArchiveDamaged(
+            f"revision {rev.revision} of root {root_id!r} is damaged on disk",
+            sessionId=session_id,
+            rootId=root_id,
+            revision=rev.revision,
+        )
+    return lines
+
+
+def parse_ok(line: bytes) -> bool:
+    return parse_stored(line) is not None
 
 
 class Archive:
@@ -49,9 +80,21 @@ class Archive:
         try:
             with open(path, "rb") as f:
                 data = json.loads(f.read())
+            return [Revision(**r) for r in data["revisions"]]
         except FileNotFoundError:
             return []
-        return [Revision(**r) for r in data["revisions"]]
+        except (ValueError, TypeError, KeyError) as exc:
+            # Damaged: move it aside with its bytes (never lose them), serve no archive.
+            aside = f"{path}.damaged-{os.urandom(3).hex()}"
+            os.replace(path, aside)
+            log.error(
+                "session %s: revision manifest of root %s is damaged (%s): moved to %s",
+                session_id,
+                root_id,
+                exc,
+                aside,
+            )
+            return []
 
     def write_payload(
         self, session_id: str, root_id: str, revision: int, lines: Sequence[bytes]
@@ -89,17 +132,17 @@ class Archive:
                 self.fs.unlink(os.path.join(folder, name))
 
     def read(self, session_id: str, root_id: str, rev: Revision) -> list[bytes]:
-        """Return the stored lines of one archived revision."""
+        """Return the stored lines of one archived revision (``ArchiveDamaged`` if bad)."""
         with open(os.path.join(self.folder(session_id, root_id), rev.file), "rb") as f:
             data = f.read()
-        return data.split(b"\n")[:-1]
+        return _lines(session_id, root_id, rev, data)
 
     async def read_async(self, session_id: str, root_id: str, rev: Revision) -> list[bytes]:
         """Stream one archived revision's payload (tens of MB) without blocking the loop."""
         path = os.path.join(self.folder(session_id, root_id), rev.file)
         async with aiofiles.open(path, "rb") as f:
             data = await f.read()
-        return data.split(b"\n")[:-1]
+        return _lines(session_id, root_id, rev, data)
 
     def sweep(self, session_id: str) -> int:
         """Remove payload files no manifest names (a crash before a commit); return count."""

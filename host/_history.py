@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from msgspec import UNSET, Raw
 
-from host._archive import Revision
+from host._archive import ArchiveDamaged, Revision
 from host._errors import AgentBusy, Conflict, InvalidParams, NotFound
 from host._index import Row
 from host._intents import ArchiveStep, CutStep, Intent, StampStep, revisions_of
@@ -98,12 +98,18 @@ class HistoryMethods:
         """Archive ``lines`` as ``saveActiveRevision`` would: return the revisions, slot."""
         revs = self.archive.load(sid, root_id)
         slot = active if active is not None and 0 <= active < len(revs) else len(revs)
-        if slot < len(revs) and self.archive.read(sid, root_id, revs[slot]) == list(lines):
+        if slot < len(revs) and self._same(sid, root_id, revs[slot], lines):
             return revs, slot  # the same branch again (a retry): nothing to write
         name = self.archive.write_payload(sid, root_id, slot, lines)
         rev = Revision(slot, name, len(lines), now_iso())
         revs = [*revs[:slot], rev, *revs[slot + 1 :]]
         return revs, slot
+
+    def _same(self, sid: str, root_id: str, rev: Revision, lines: Sequence[bytes]) -> bool:
+        try:
+            return self.archive.read(sid, root_id, rev) == list(lines)
+        except ArchiveDamaged:
+            return False  # a damaged slot is rewritten with the branch: that repairs it
 
     async def _stamp(
         self,

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import sqlite3
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -100,6 +102,41 @@ _ROW_COLS = "line, message_id, offset, length, role, turn_id, status, pager"
 _SESSION_COLS = (
     "session_id, title, created_at, updated_at, line_count, byte_size, file_ino, file_mtime_ns"
 )
+
+
+def set_aside_index(path: str) -> str:
+    """Move a damaged index (and its WAL) aside, keeping its bytes; return where.
+
+    The index is derived, so it is rebuilt from the transcripts (the turn table, which
+    only it holds, starts empty).
+    """
+    aside = f"{path}.damaged-{os.urandom(3).hex()}"
+    for suffix in ("", "-wal", "-shm"):
+        if os.path.exists(path + suffix):
+            os.replace(path + suffix, aside + suffix)
+    return aside
+
+
+def index_readable(path: str) -> bool:
+    """Whether ``path`` is absent or opens as a SQLite database (a cheap read-only look).
+
+    Header, schema and the sessions table only: a full check would cost O(index) at
+    every start. Damage deeper in is met during recovery, which then starts over.
+    """
+    if not os.path.exists(path):
+        return True
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            conn.execute("PRAGMA schema_version").fetchone()
+            names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+            if "sessions" in names:
+                conn.execute("SELECT count(*) FROM sessions").fetchone()
+            return True
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError:
+        return False
 
 
 class Index:

@@ -36,6 +36,7 @@ class Head(Struct, rename="camel"):
 _HEAD = msgspec.json.Decoder(Head)
 _FIELDS = msgspec.json.Decoder(dict[str, Raw])
 _ENC = msgspec.json.Encoder()
+_RAW = msgspec.json.Decoder(Raw)
 
 
 class Message:
@@ -115,11 +116,22 @@ def parse_incoming(raw: bytes, what: str = "message") -> Message:
 
 
 def parse_stored(line: bytes) -> Message | None:
-    """Parse a stored line; ``None`` when it is not a valid message (quarantine it)."""
+    """Parse a stored line; ``None`` when it is not a valid UTF-8 message (quarantine it)."""
     try:
+        line.decode("utf-8")  # msgspec does not check UTF-8 inside raw values
         return Message(_HEAD.decode(line), _FIELDS.decode(line))
-    except (msgspec.ValidationError, msgspec.DecodeError):
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
         return None
+
+
+def valid_line(line: bytes) -> bool:
+    """Whether a stored line is still a JSON object in UTF-8 (a cheap check for reads)."""
+    try:
+        line.decode("utf-8")
+        _RAW.decode(line)
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        return False
+    return line[:1] == b"{"
 
 
 def pager_json(pager: dict[str, Raw]) -> str | None:

@@ -174,6 +174,15 @@ def _repair_file(
                 pos += r.length + 1
             t.rewrite(pieces).commit()
             result.rows = rows
+        if hint is not None and start_line == 0 and len(result.rows) < hint.line_count:
+            log.error(
+                "session %s: %d indexed line(s) are missing from the transcript (it is"
+                " shorter than the index recorded: %d bytes, not %d); kept what is there",
+                session_id,
+                hint.line_count - len(result.rows),
+                st.size,
+                hint.byte_size,
+            )
         return result, result_start, t.stamp()
     finally:
         t.close()

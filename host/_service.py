@@ -11,13 +11,14 @@ import asyncio
 import contextlib
 import logging
 import os
+import sqlite3
 import time
 from collections.abc import AsyncIterator
 
 from host._endpoint import Handler, Stats
 from host._fs import FileSystem
 from host._history import HistoryMethods
-from host._index import Index
+from host._index import Index, index_readable, set_aside_index
 from host._layout import Layout
 from host._recovery import Report, recover
 from host._sessions import SessionMethods
@@ -71,31 +72,50 @@ class Host:
         for folder in (layout.root, layout.sessions, layout.revisions_root):
             fs.mkdir(folder)
             os.chmod(folder, 0o700)
-        async with Index.open(layout.index, fs) as index:
-            for path in (layout.index, layout.index + "-wal", layout.index + "-shm"):
-                if os.path.exists(path):
-                    os.chmod(path, 0o600)
-            store = Store(layout, index, fs)
-            host = cls(store, Report())
-            intents = await asyncio.to_thread(host.history.apply_intent_files)
-            host.report = report = await recover(store)
-            await host.history.finish_intents(intents)
-            await host.turns.recover_at_start()
-            await asyncio.to_thread(_sweep_archives, store)
-            log.info(
-                "recovered %d session(s): %d reconciled, %d line(s) indexed, %d torn tail(s),"
-                " %d line(s) quarantined, %d temp file(s) removed",
-                report.sessions,
-                report.reconciled,
-                report.indexed_lines,
-                report.torn_tails,
-                report.quarantined_lines,
-                report.temp_files_removed,
-            )
-            try:
+        for attempt in (1, 2):
+            if attempt == 2 or not index_readable(layout.index):
+                damaged = set_aside_index(layout.index)
+                log.error(
+                    "index %s is damaged: moved to %s, rebuilding it from the transcripts",
+                    layout.index,
+                    damaged,
+                )
+            async with contextlib.AsyncExitStack() as stack:
+                index = await stack.enter_async_context(Index.open(layout.index, fs))
+                store = Store(layout, index, fs)
+                stack.callback(store.close)
+                try:
+                    host = await cls._recover(store)
+                except sqlite3.DatabaseError:
+                    if attempt == 2:
+                        raise
+                    continue  # damaged beyond what the first look saw: set aside, again
                 yield host
-            finally:
-                store.close()
+                return
+
+    @classmethod
+    async def _recover(cls, store: Store) -> Host:
+        layout = store.layout
+        for path in (layout.index, layout.index + "-wal", layout.index + "-shm"):
+            if os.path.exists(path):
+                os.chmod(path, 0o600)
+        host = cls(store, Report())
+        intents = await asyncio.to_thread(host.history.apply_intent_files)
+        host.report = report = await recover(store)
+        await host.history.finish_intents(intents)
+        await host.turns.recover_at_start()
+        await asyncio.to_thread(_sweep_archives, store)
+        log.info(
+            "recovered %d session(s): %d reconciled, %d line(s) indexed, %d torn tail(s),"
+            " %d line(s) quarantined, %d temp file(s) removed",
+            report.sessions,
+            report.reconciled,
+            report.indexed_lines,
+            report.torn_tails,
+            report.quarantined_lines,
+            report.temp_files_removed,
+        )
+        return host
 
     async def host_stats(self, p: EmptyParams) -> StatsResult:
         counters = dict(self.store.counters)

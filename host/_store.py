@@ -21,13 +21,13 @@ from msgspec import Raw
 
 from host._archive import Archive
 from host._checkpoints import Checkpoints
-from host._errors import Internal, NotFound
+from host._errors import NotFound, StorageError
 from host._fs import FileSystem
 from host._index import Index, Row
 from host._intents import Intents
 from host._layout import Layout
 from host._locks import LockTable
-from host._messages import Message, pager_json
+from host._messages import Message, pager_json, valid_line
 from host._transcript import Piece, Rewrite, Transcript
 
 log = logging.getLogger("host.store")
@@ -161,11 +161,24 @@ class Store:
         out = []
         for r in rows:
             a = r.offset - start
-            if data[a + r.length : a + r.length + 1] != b"\n":
-                self.forget(s.session_id)
-                raise Internal(f"index out of step with transcript at line {r.line}")
-            out.append(data[a : a + r.length])
+            line = data[a : a + r.length]
+            if data[a + r.length : a + r.length + 1] != b"\n" or not valid_line(line):
+                await self._damaged(s, r.line)
+            out.append(line)
         return out
+
+    async def _damaged(self, s: OpenSession, line: int) -> None:
+        """A line changed on disk behind the host's back: rescan, quarantine, refuse."""
+        from host._recovery import reconcile
+
+        log.error("session %s: line %d is damaged on disk: rescanning", s.session_id, line)
+        self.forget(s.session_id)
+        await reconcile(self, s.session_id, full=True)
+        raise StorageError(
+            f"line {line} of session {s.session_id!r} was damaged on disk; damaged lines"
+            " were moved to its quarantine file: read again",
+            sessionId=s.session_id,
+        )
 
     async def read_row(self, s: OpenSession, row: Row) -> bytes:
         """Read one stored line."""

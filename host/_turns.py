@@ -57,6 +57,9 @@ class TurnMethods:
             running = await index.running_turn(sid)
             if running is not None:
                 raise AgentBusy(f"turn {running!r} is running in session {sid!r}", turnId=running)
+            cp = self.read(sid)
+            if cp is not None and cp.turn_id != tid:  # a leftover of an ended turn
+                await self._settle_leftover(sid, wait_completed=False)
             await index.begin_turn(sid, tid, now_iso())
             if prompt is None:
                 return BeginTurnResult(turn_id=tid)
@@ -115,6 +118,9 @@ class TurnMethods:
             if await self.store.index.lookup(sid, msg.id) is not None:
                 self.store.count("checkpoints.dropped_late")
                 return SavedResult(saved=False)  # a late write never resurrects a final row
+            old = self.read(sid)
+            if old is not None and old.turn_id != p.turn_id:  # never overwrite a leftover
+                await self._settle_leftover(sid, wait_completed=False)
             cp = Checkpoint(sid, p.turn_id, msg.id, p.message, now_iso())
             await asyncio.to_thread(self.checkpoints.save, cp)
             self.store.count("checkpoints.saved")
@@ -141,6 +147,8 @@ class TurnMethods:
             why = "its row is already stored"
         elif not msg.has_content():
             why = "it is empty (an empty reply breaks every later model call)"
+        if msg is None:
+            quarantine(self.store, sid, [(-1, 0, bytes(cp.message), "checkpoint: " + str(why))])
         if msg is None or why is not None:
             log.warning("session %s: checkpoint of %s dropped: %s", sid, cp.message_id, why)
             self.store.count("checkpoints.dropped")
@@ -181,11 +189,20 @@ class TurnMethods:
         return row
 
     async def recover_at_start(self) -> None:
-        """Abort running turns; promote leftovers whose turn is not completed."""
+        """End running turns ``aborted``; leave every checkpoint to the connect sequence.
+
+        Departure from PROTOCOL.md's "Host start" (see docs/protocol.md): promoting a
+        running turn's leftover here would pre-empt a finished row still in the outbox,
+        which would then be deduplicated away. Like ADR 0153's amendment for completed
+        turns, the finished row must get its chance first: leftovers are settled by
+        ``recoverInflightMessages`` after the drain (or by the next ``beginTurn``,
+        ``endTurn`` or ``truncateFrom`` of that session, which come after it too).
+        """
         for sid, tid in await self.store.index.abort_running_turns(now_iso()):
             log.warning("session %s: turn %s was running at start: now aborted", sid, tid)
             self.store.count("recovery.turns_aborted")
-        for sid in sorted(self.checkpoints.present):
-            async with self.store.locks.hold(sid):
-                if await self._settle_leftover(sid, wait_completed=True) is not None:
-                    self.store.count("recovery.checkpoints_promoted")
+        if self.checkpoints.present:
+            log.info(
+                "%d checkpoint(s) wait for session.recoverInflightMessages",
+                len(self.checkpoints.present),
+            )

@@ -264,10 +264,10 @@ At start, before the first request is read (`host/_service.py`, `host/_recovery.
      **quarantine file** `<id>.jsonl.quarantine` with its bytes and reported in the log and
      in `host.stats` (`recovery.quarantined_lines`), never silently dropped; the transcript is
      rewritten without it (temp file, fsync, rename).
-5. Stamps of finished intents are completed, `running` turns become `aborted`, and leftover
-   checkpoints whose turn is not `completed` are promoted as `aborted` rows (empty ones are
-   dropped). Completed-turn leftovers wait for `session.recoverInflightMessages`, so the
-   outbox's finished row wins.
+5. Stamps of finished intents are completed and `running` turns become `aborted`. Leftover
+   checkpoints are **not** promoted at start: every one waits for
+   `session.recoverInflightMessages`, which the connect sequence calls after the outbox has
+   drained, so the outbox's finished row wins (see the departure below).
 6. Archives of deleted sessions and payload files no manifest names are removed.
 
 The same reconciliation runs, while serving, for any session whose file no longer matches
@@ -382,6 +382,20 @@ read and the write inside one hold of the lock instead:
 | switch the visible branch | `session.activateRevision` |
 
 ### Turns, checkpoints and revisions
+
+- **Host start promotes no checkpoint** (PROTOCOL.md: "leftover checkpoints whose turn is
+  not `completed` are promoted as `aborted` rows"). Why: the producer makes a finished
+  reply durable in its outbox before the host has it; if the host dies before that row
+  and `endTurn` arrive, the turn is still `running` at start with an older checkpoint.
+  Promoting it then stored the stale partial as `aborted`, and the finished row, replayed
+  by the outbox, was deduplicated away: `scripts/chaos.py` lost 40 replies in 200 kills
+  this way. This is ADR 0153's amendment ("the finished outbox row wins") applied to
+  running turns as well as completed ones. Leftovers are settled by
+  `session.recoverInflightMessages` (after the drain), and also, since they come after
+  the drain too, by that session's next `beginTurn`, `endTurn` and `truncateFrom`; a
+  `saveInflightMessage` of another turn settles the leftover first instead of
+  overwriting it. A reader that skips the connect sequence sees the prompt without the
+  partial reply until then.
 
 - `session.beginTurn` with a `turnId` that exists in any state (even ended) is a no-op; its
   `line` is the prompt's line when the call carries a prompt that is stored. If appending

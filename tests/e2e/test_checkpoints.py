@@ -301,9 +301,13 @@ async def test_an_empty_checkpoint_is_never_promoted(
     elif path == "recoverInflightMessages":
         res = await c.call("session.recoverInflightMessages")
         assert sorted(r["sessionId"] for r in res["recovered"]) == sorted(NOT_EMPTY)
-    else:
+    else:  # a start leaves them to the connect sequence (docs/protocol.md), which settles
         host = await reboot(start_host, host)
         c = cli(host)
+        for sid in {**EMPTY, **NOT_EMPTY}:
+            assert inflight(data_dir, sid).exists(), sid
+        res = await c.call("session.recoverInflightMessages")
+        assert sorted(r["sessionId"] for r in res["recovered"]) == sorted(NOT_EMPTY)
     for sid in EMPTY:
         assert [m["id"] for m in lines_of(data_dir, sid)] == ["u1"], sid
         assert not inflight(data_dir, sid).exists(), sid  # dropped, not left to retry forever
@@ -341,6 +345,10 @@ async def test_a_kill_mid_reply_keeps_the_last_checkpoint_as_an_aborted_row(
         assert await checkpoint(c, "s", reply("a1", text)) is True
     host = await reboot(start_host, host)
     c = cli(host)
+    res = await c.call("session.recoverInflightMessages")  # the connect sequence
+    assert res["recovered"] == [
+        {"sessionId": "s", "messageId": "a1", "turnId": "t1", "status": "aborted"}
+    ]
     got = await get_messages(c, "s")
     assert [(m["id"], m["turnId"], m.get("status")) for m in got] == [
         ("u1", "t1", None),
@@ -423,6 +431,7 @@ async def test_fifty_pipelined_checkpoint_writes_leave_the_last_one(
     assert json.loads(inflight(data_dir, "s").read_bytes())["message"]["content"] == "chunk 49"
     assert temp_files(data_dir) == []
     host = await reboot(start_host, host)
+    await cli(host).call("session.recoverInflightMessages")  # the connect sequence
     assert stored(data_dir, "s", "a1")["content"] == "chunk 49"
 
 
@@ -446,6 +455,7 @@ async def test_no_temp_file_is_left_after_a_start(start_host: StartHost, data_di
         path.write_bytes(b'{"sessionId":"s","turnId":"t1","messageId":"a1","mess')
     host = await boot(start_host)
     assert temp_files(data_dir) == []
+    await cli(host).call("session.recoverInflightMessages")  # the connect sequence
     # The renamed checkpoint, not the torn temp file, is what got promoted.
     assert stored(data_dir, "s", "a1")["content"] == "renamed into place"
     assert [m["id"] for m in lines_of(data_dir, "s")] == ["u1", "a0", "a1"]
@@ -513,3 +523,25 @@ async def test_a_kill_at_any_stage_of_a_reply_leaves_its_final_row_or_newest_che
     ]
     assert not inflight(data_dir, "s").exists()
     await c.call("session.beginTurn", sessionId="s", turnId="t2")  # nothing left running
+
+
+async def test_a_finished_row_still_in_the_outbox_wins_over_a_running_turns_checkpoint(
+    start_host: StartHost, data_dir: Path
+) -> None:
+    # The producer made the finished reply durable in its outbox, then the host died
+    # before the row and endTurn reached it: the turn is still running, with an older
+    # checkpoint. Found by scripts/chaos.py: promoting it at start lost the reply.
+    host = await boot(start_host)
+    c = cli(host)
+    await streaming(c, "s")
+    assert await checkpoint(c, "s", reply("a1", "The answ")) is True
+    host = await reboot(start_host, host)
+    c = cli(host)
+    assert inflight(data_dir, "s").exists()  # not promoted at start
+    done = reply("a1", "The answer is 42.")
+    res = await c.call("session.appendMessage", sessionId="s", turnId="t1", message=done)
+    assert res["appended"] is True  # the outbox's drain, first in the connect sequence
+    assert await c.call("session.recoverInflightMessages") == {"recovered": []}
+    row = stored(data_dir, "s", "a1")
+    assert (row["content"], row.get("status", "complete")) == ("The answer is 42.", "complete")
+    assert not inflight(data_dir, "s").exists()

@@ -33,6 +33,7 @@ async def prepare(data: str) -> None:
 
 async def state(data: str) -> Any:
     async with open_host(data) as call:
+        await call("session.recoverInflightMessages")  # the connect sequence
         page = await call("session.get", sessionId="s")
         revs = {
             root: await call(
