@@ -138,13 +138,14 @@ class Connection:
                 _RAW.decode(line)  # JSON, but not a request: tell the two apart
                 err = InvalidRequest("a request must be a JSON object or a batch array")
                 self._spawn_send(_error(None, err.to_object()))
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, RecursionError) as exc:  # not JSON, or nested too deep
             self._spawn_send(_error(None, ParseError(f"parse error: {exc}").to_object()))
 
     def _start(self, item: bytes, *, reply: bool) -> bytes | asyncio.Task[bytes | None] | None:
         try:
             env = ENVELOPE.decode(item)  # a DecodeError (not JSON) goes up to feed()
         except msgspec.ValidationError as exc:
+            _RAW.decode(item)  # a type error seen before a truncation is still not JSON
             try:
                 rid = ID_ONLY.decode(item).id
             except msgspec.MsgspecError:

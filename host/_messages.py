@@ -68,7 +68,10 @@ class Message:
         raw = self.fields.get("content")
         if raw is None:
             return False
-        value = msgspec.json.decode(raw)
+        try:
+            value = msgspec.json.decode(raw)
+        except (msgspec.MsgspecError, RecursionError):
+            return True  # numbers or nesting past what decodes: it is not empty
         if isinstance(value, str):
             return value != ""
         if isinstance(value, list):
@@ -159,6 +162,17 @@ def display_capped(line: bytes, cap: int) -> bytes:
     clipped. Structure and keys survive, so the copy is a valid message the UI can
     render; a message made mostly of short fields may stay somewhat over ``cap``.
     """
+    try:
+        return _clipped(line, cap)
+    except (msgspec.MsgspecError, RecursionError):
+        # Numbers or nesting past what decodes: keep the host's fields, drop the rest.
+        head = _FIELDS.decode(line)
+        keep = {k: v for k, v in head.items() if k in _KEEP}
+        keep["capped"] = Raw(b"true")
+        return _ENC.encode(keep)
+
+
+def _clipped(line: bytes, cap: int) -> bytes:
     value = msgspec.json.decode(line)
     if not isinstance(value, dict):  # pragma: no cover - stored lines are objects
         return line

@@ -154,7 +154,7 @@ def _repair_file(
         result_start = start_line
         if result.torn_at is not None:
             log.warning(
-                "session %s: torn last line cut (%d bytes at byte %d, never acknowledged)",
+                "session %s: torn last line cut (%d bytes at byte %d) and quarantined",
                 session_id,
                 result.torn_bytes,
                 result.torn_at,

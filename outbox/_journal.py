@@ -12,6 +12,7 @@ acknowledged the file is compacted by atomic replace.
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import os
 import zlib
@@ -100,6 +101,7 @@ class Journal:
         with open(self.path, "rb") as f:
             data = f.read()
         pos = bad = 0
+        damaged: list[bytes] = []
         while (nl := data.find(b"\n", pos)) >= 0:
             raw, at, pos = data[pos:nl], pos, nl + 1
             try:
@@ -107,6 +109,7 @@ class Journal:
                 line = _DEC.decode(_checked(raw))
             except (msgspec.MsgspecError, ValueError):
                 bad += 1
+                damaged.append(raw)
                 log.error("journal: unreadable entry at byte %d skipped", at)
                 continue
             if isinstance(line.ack, int):
@@ -125,7 +128,13 @@ class Journal:
             os.fsync(self._fd)
         self._written = self._synced = self.next_seq - 1
         if bad:
-            log.error("journal: %d unreadable entr(ies) skipped", bad)
+            quarantine = self.path + ".quarantine"
+            with open(quarantine, "ab") as f:  # kept with their bytes, never just dropped
+                for raw in damaged:
+                    f.write(b"%s\n" % base64.b64encode(raw))
+                f.flush()
+                os.fsync(f.fileno())
+            log.error("journal: %d unreadable entr(ies) skipped, kept in %s", bad, quarantine)
         if not self.pending and data:
             self._compact()
 
