@@ -71,3 +71,4 @@ async def test_crash_at_every_step_gives_old_or_new_state(name: str, base: str, 
     else:
         raise AssertionError("the operation never completed")
     assert crashes >= 1
+    print(f"crash states: {name}: {crashes}")

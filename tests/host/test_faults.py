@@ -84,3 +84,4 @@ async def test_fault_at_every_operation(name: str, always: bool, base: str, tmp_
     else:
         raise AssertionError("the operation never succeeded")
     assert faults >= 1
+    print(f"faults injected: {name} {'always' if always else 'once'}: {faults}")

@@ -82,6 +82,7 @@ async def _sweep(name: str, base: str, tmp: Path, skip_fsync: int = 0) -> list[s
                 problems.append(f"op {n} ({label}): a third state")
         if done:
             break
+    print(f"power-cut images: {name}: {2 * n}")
     return problems
 
 
