@@ -32,12 +32,12 @@ class CrashingFileSystem(FileSystem):
         self.calls = 0
         self.armed = False  # start-up's own file operations are not counted
 
-    def _tick(self) -> None:
+    def _tick(self, what: str) -> None:
         if not self.armed:
             return
         self.calls += 1
         if self.calls >= self.crash_at:
-            raise Crash(f"crash at file operation {self.calls}")
+            raise Crash(f"crash at file operation {self.calls} ({what})")
 
 
 FS_CALLS = (
@@ -53,18 +53,20 @@ FS_CALLS = (
     "mkdir",
 )
 
-for _name in FS_CALLS:
 
-    def _wrap(name: str) -> Any:
+def tick_before(cls: type, names: tuple[str, ...] = FS_CALLS) -> None:
+    """Make each of ``cls``'s seam calls in ``names`` call ``self._tick(name)`` first."""
+    for name in names:
         base = getattr(FileSystem, name)
 
-        def method(self: CrashingFileSystem, *args: Any, **kwargs: Any) -> Any:
-            self._tick()
-            return base(self, *args, **kwargs)
+        def method(self: Any, *args: Any, _base: Any = base, _name: str = name, **kw: Any) -> Any:
+            self._tick(_name)
+            return _base(self, *args, **kw)
 
-        return method
+        setattr(cls, name, method)
 
-    setattr(CrashingFileSystem, _name, _wrap(_name))
+
+tick_before(CrashingFileSystem)
 
 
 class FaultyFileSystem(FileSystem):
@@ -92,18 +94,7 @@ class FaultyFileSystem(FileSystem):
         self._tick("sqlite")
 
 
-for _name in FS_CALLS:
-
-    def _wrap_faulty(name: str) -> Any:
-        base = getattr(FileSystem, name)
-
-        def method(self: FaultyFileSystem, *args: Any, **kwargs: Any) -> Any:
-            self._tick(name)
-            return base(self, *args, **kwargs)
-
-        return method
-
-    setattr(FaultyFileSystem, _name, _wrap_faulty(_name))
+tick_before(FaultyFileSystem)
 
 
 class Client:

@@ -16,10 +16,9 @@ from __future__ import annotations
 import os
 import shutil
 import traceback
-from typing import Any
 
 from host import FileSystem
-from tests.host.inproc import FS_CALLS, Crash
+from tests.host.inproc import FS_CALLS, Crash, tick_before
 
 INDEX_FILES = ("index.sqlite3", "index.sqlite3-wal", "index.sqlite3-shm")
 
@@ -75,7 +74,7 @@ class PowerLossFileSystem(FileSystem):
         self.uid[ino] = self._next_uid
         return self._next_uid
 
-    def _tick(self) -> None:
+    def _tick(self, what: str = "") -> None:
         if not self.armed:
             return
         self.calls += 1
@@ -160,17 +159,7 @@ def _read(path: str) -> bytes:
         return f.read()
 
 
-for _name in FS_CALLS:
-    if _name in ("open", "fsync", "fsync_dir", "mkdir"):
-        continue
-
-    def _wrap(name: str) -> Any:
-        base = getattr(FileSystem, name)
-
-        def method(self: PowerLossFileSystem, *args: Any, **kwargs: Any) -> Any:
-            self._tick()
-            return base(self, *args, **kwargs)
-
-        return method
-
-    setattr(PowerLossFileSystem, _name, _wrap(_name))
+tick_before(
+    PowerLossFileSystem,
+    tuple(n for n in FS_CALLS if n not in ("open", "fsync", "fsync_dir", "mkdir")),
+)
