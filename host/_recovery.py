@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import datetime as dt
 import json
 import logging
 import os
@@ -231,7 +232,7 @@ async def reconcile(
 
 
 def _read_meta(store: Store, session_id: str) -> tuple[str | None, str]:
-    from host._store import now_iso
+    from host._store import now_iso  # _store imports this module
 
     try:
         with open(store.layout.meta(session_id), "rb") as f:
@@ -242,8 +243,6 @@ def _read_meta(store: Store, session_id: str) -> tuple[str | None, str]:
 
 
 def _mtime_iso(stamp: FileStamp) -> str:
-    import datetime as dt
-
     t = dt.datetime.fromtimestamp(stamp.mtime_ns / 1e9, dt.UTC)
     return t.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 

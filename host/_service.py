@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import sqlite3
 import time
 from collections.abc import AsyncIterator
@@ -134,8 +135,6 @@ class Host:
 
 def _sweep_archives(store: Store) -> None:
     """Drop archives of deleted sessions and payloads no manifest names."""
-    import shutil
-
     on_disk = set(store.layout.transcript_ids())
     for sid in os.listdir(store.layout.revisions_root):
         if sid not in on_disk:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -169,7 +170,7 @@ class Store:
 
     async def _damaged(self, s: OpenSession, line: int) -> None:
         """A line changed on disk behind the host's back: rescan, quarantine, refuse."""
-        from host._recovery import reconcile
+        from host._recovery import reconcile  # recovery builds on the store
 
         log.error("session %s: line %d is damaged on disk: rescanning", s.session_id, line)
         self.forget(s.session_id)
@@ -270,8 +271,6 @@ class Store:
 
     def remove_files(self, session_id: str) -> None:
         """Remove every file of a session, transcript first, then fsync the folder."""
-        import shutil
-
         for path in [*self.layout.session_files(session_id), self.layout.quarantine(session_id)]:
             self.fs.unlink(path)
         self.fs.fsync_dir(self.layout.sessions)
