@@ -250,7 +250,7 @@ class HistoryMethods:
                 revs = self.archive.load(sid, p.root_id)
             chosen = await asyncio.to_thread(self.archive.read, sid, p.root_id, revs[p.revision])
             pager = _pager(p.root_id, len(revs), p.revision)
-            if chosen == lines and pager == msg.pager():
+            if revs == old and chosen == lines and pager == msg.pager():
                 return ActivateResult(active_revision=p.revision, revision_count=len(revs))
             await self._check_ids(s, branch, chosen)
             intent = Intent(
@@ -423,8 +423,11 @@ class HistoryMethods:
             return False
         if await self.store.index.lookup(sid, p.from_message_id) is not None:
             return True
-        cp = self.turns.read(sid)  # its row appears when the cut settles it
-        return cp is not None and cp.message_id == p.from_message_id
+        cp = self.turns.read(sid)  # its row appears when the cut settles it (if not empty)
+        if cp is None or cp.message_id != p.from_message_id:
+            return False
+        msg = parse_stored(bytes(cp.message))
+        return msg is not None and msg.has_content()
 
     async def _resolve_cut(self, sid: str, p: TruncateParams) -> int:
         """The first line to cut: identity first, then the count fallback."""

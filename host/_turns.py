@@ -100,13 +100,13 @@ class TurnMethods:
         sid = s.session_id
         tid = await self.store.index.running_turn(sid)
         cp = self.read(sid)
+        if cp is not None and cp.turn_id != tid:  # a leftover of an ended turn
+            await self._settle_leftover(sid, wait_completed=False)
+        elif cp is not None:
+            await self.promote(s, cp, "aborted")
         if tid is not None:
-            if cp is not None and cp.turn_id == tid:
-                await self.promote(s, cp, "aborted")
             await self.store.index.end_turn(sid, tid, "aborted", now_iso())
             log.info("session %s: running turn %s ended aborted by a truncation", sid, tid)
-        elif cp is not None:
-            await self._settle_leftover(sid, wait_completed=False)
 
     # -- checkpoints ----------------------------------------------------------------
 
