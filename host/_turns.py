@@ -195,8 +195,8 @@ class TurnMethods:
         running turn's leftover here would pre-empt a finished row still in the outbox,
         which would then be deduplicated away. Like ADR 0153's amendment for completed
         turns, the finished row must get its chance first: leftovers are settled by
-        ``recoverInflightMessages`` after the drain (or by the next ``beginTurn``,
-        ``endTurn`` or ``truncateFrom`` of that session, which come after it too).
+        ``recoverInflightMessages`` after the drain (or by the next ``beginTurn`` or
+        ``truncateFrom`` of that session, which come after it too).
         """
         for sid, tid in await self.store.index.abort_running_turns(now_iso()):
             log.warning("session %s: turn %s was running at start: now aborted", sid, tid)

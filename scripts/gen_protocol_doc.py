@@ -392,7 +392,8 @@ read and the write inside one hold of the lock instead:
   this way. This is ADR 0153's amendment ("the finished outbox row wins") applied to
   running turns as well as completed ones. Leftovers are settled by
   `session.recoverInflightMessages` (after the drain), and also, since they come after
-  the drain too, by that session's next `beginTurn`, `endTurn` and `truncateFrom`; a
+  the drain too, by that session's next `beginTurn` and `truncateFrom` (`endTurn` leaves
+  a checkpoint of another turn alone, as PROTOCOL.md says); a
   `saveInflightMessage` of another turn settles the leftover first instead of
   overwriting it. A reader that skips the connect sequence sees the prompt without the
   partial reply until then.
