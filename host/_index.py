@@ -5,12 +5,22 @@ page of ``session.get`` and a lookup by id cost in proportion to what they retur
 connection is shared by every session, so every transaction runs under one
 ``asyncio.Lock`` and a failed one is rolled back shielded (a cancelled ``await`` does not
 stop the SQL already queued on aiosqlite's thread).
+
+Appended rows are committed *after* the answer, in batches (the transcript is the truth
+and is fsynced first; start-up indexes any line the index missed). Until their batch
+commits they are known to :meth:`Index.lookup_now`, the append path's one look at the
+index, which reads committed rows through a second, synchronous connection on the loop:
+a point query costs microseconds, a thread hop a hundred. Every other query and
+transaction first waits for the rows queued before it (:meth:`Index.settle`), so reads
+see every answered append. A batch that fails to commit marks its sessions
+:attr:`Index.stale`; the store reconciles a stale session from its file before serving it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import sqlite3
 from collections.abc import AsyncIterator, Iterable, Sequence
@@ -21,6 +31,8 @@ import aiosqlite
 
 from host._fs import FileSystem
 from host._transcript import FileStamp
+
+log = logging.getLogger("host.index")
 
 MIGRATIONS: list[tuple[str, str]] = [
     (
@@ -139,6 +151,22 @@ def index_readable(path: str) -> bool:
         return False
 
 
+FLUSH_DELAY = 0.05
+"""Seconds queued rows wait for more to share their commit (a read does not wait)."""
+FLUSH_ROWS = 4096
+"""Queued rows that start a commit at once."""
+
+
+class _Queued(NamedTuple):
+    """Appended rows waiting for their batch's commit, and the file after them."""
+
+    session_id: str
+    rows: Sequence[Row]
+    stamp: FileStamp
+    line_count: int
+    now: str
+
+
 class Index:
     """The shared index connection and every query the host makes of it."""
 
@@ -146,18 +174,36 @@ class Index:
         self._conn = conn
         self._lock = asyncio.Lock()
         self.fs = fs or FileSystem()
+        self._reader: sqlite3.Connection | None = None
+        self._queue: list[_Queued] = []
+        self._queued = 0  # batches of rows ever queued ...
+        self._committed = 0  # ... and how many of them are through (committed or given up)
+        self._fresh: dict[str, dict[str, int]] = {}  # queued rows: session -> {id: line}
+        self._queued_rows = 0
+        self._flusher: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self.batches = 0  # batches of queued rows committed (for host.stats)
+        self.stale: set[str] = set()
+        """Sessions whose queued rows failed to commit: reconcile them before use."""
 
     @classmethod
     @contextlib.asynccontextmanager
     async def open(cls, path: str, fs: FileSystem | None = None) -> AsyncIterator[Index]:
         """Open (creating and migrating) the index at ``path``."""
         conn = await aiosqlite.connect(path, isolation_level=None)
+        index = cls(conn, fs)
         try:
-            index = cls(conn, fs)
             await index._setup()
+            index._reader = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            index._reader.execute("PRAGMA query_only = 1")
             yield index
         finally:
-            await conn.close()
+            try:
+                await index.settle()
+            finally:
+                if index._reader is not None:
+                    index._reader.close()
+                await conn.close()
 
     async def _setup(self) -> None:
         async with self._lock:
@@ -182,9 +228,118 @@ class Index:
                     await asyncio.shield(self._conn.execute("ROLLBACK"))
                     raise
 
+    # -- queued appends -----------------------------------------------------------------
+
+    def queue_append(
+        self, session_id: str, rows: Sequence[Row], stamp: FileStamp, line_count: int, now: str
+    ) -> None:
+        """Queue rows of lines already durable in the transcript; commit them soon.
+
+        Soon is :data:`FLUSH_DELAY` later, or at once past :data:`FLUSH_ROWS` rows, or when
+        any other query or transaction wants the index.
+        """
+        self._queue.append(_Queued(session_id, rows, stamp, line_count, now))
+        self._queued += 1
+        self._queued_rows += len(rows)
+        fresh = self._fresh.setdefault(session_id, {})
+        for r in rows:
+            fresh[r.message_id] = r.line
+        if self._queued_rows >= FLUSH_ROWS:
+            self._start_flush()
+        elif self._timer is None and self._flusher is None:
+            self._timer = asyncio.get_running_loop().call_later(FLUSH_DELAY, self._start_flush)
+
+    def _start_flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._flusher is None and self._queue:
+            self._flusher = asyncio.get_running_loop().create_task(self._flush())
+
+    async def append(
+        self, session_id: str, rows: Sequence[Row], stamp: FileStamp, line_count: int, now: str
+    ) -> None:
+        """Commit rows of appended lines now, after those queued before them."""
+        await self.settle()
+        await self._commit([_Queued(session_id, rows, stamp, line_count, now)])
+
+    async def settle(self) -> None:
+        """Wait until every row queued so far is committed (or its session is stale)."""
+        target = self._queued
+        while self._committed < target:
+            self._start_flush()
+            assert self._flusher is not None
+            await asyncio.shield(self._flusher)
+
+    async def _flush(self) -> None:
+        """Commit the rows queued so far in one transaction; start the next batch's."""
+        batch, self._queue = self._queue, []
+        self._queued_rows = 0
+        self.batches += 1
+        try:
+            await self._commit([q for q in batch if q.session_id not in self.stale])
+        except BaseException as exc:
+            sids = {q.session_id for q in batch}
+            log.error("index: a batch of appended rows failed to commit (%r): %s", exc, sids)
+            self.stale |= sids  # the files hold the lines: reconciled on next use
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            self._committed += len(batch)
+            for q in batch:
+                fresh = self._fresh.get(q.session_id)
+                for r in q.rows:
+                    if fresh is not None and fresh.get(r.message_id) == r.line:
+                        del fresh[r.message_id]
+                if not fresh:
+                    self._fresh.pop(q.session_id, None)
+            self._flusher = None
+            if self._queue:  # rows queued during this commit: the next batch's
+                self._timer = asyncio.get_running_loop().call_later(
+                    FLUSH_DELAY, self._start_flush
+                )
+
+    async def _commit(self, batch: Sequence[_Queued]) -> None:
+        if not batch:
+            return
+        last = {q.session_id: q for q in batch}
+        async with self._transaction() as db:
+            await db.executemany(
+                "INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(q.session_id, *r) for q in batch for r in q.rows],
+            )
+            await db.executemany(_SET_FILE, [_file_params(q) for q in last.values()])
+
+    def lookup_now(self, session_id: str, message_ids: Sequence[str]) -> dict[str, int]:
+        """Return ``{message_id: line}`` of those stored, queued rows included; no await."""
+        fresh = self._fresh.get(session_id, {})
+        found = {m: fresh[m] for m in message_ids if m in fresh}
+        rest = [m for m in dict.fromkeys(message_ids) if m not in found]
+        assert self._reader is not None
+        for i in range(0, len(rest), 500):
+            part = rest[i : i + 500]
+            self.fs.sqlite("read")
+            marks = ",".join("?" * len(part))
+            found.update(
+                self._reader.execute(
+                    f"SELECT message_id, line FROM messages WHERE session_id = ?"
+                    f" AND message_id IN ({marks})",
+                    (session_id, *part),
+                ).fetchall()
+            )
+        return found
+
+    # -- transactions ---------------------------------------------------------------
+
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[aiosqlite.Connection]:
-        """Run statements in one transaction; any failure (or cancel) rolls it back."""
+        """Run statements in one transaction, after the queued rows; failure rolls back."""
+        await self.settle()
+        async with self._transaction() as db:
+            yield db
+
+    @contextlib.asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[aiosqlite.Connection]:
         async with self._lock:
             self.fs.sqlite("write")
             await self._conn.execute("BEGIN IMMEDIATE")
@@ -200,6 +355,7 @@ class Index:
             await self._conn.execute("ROLLBACK")
 
     async def _fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        await self.settle()
         async with self._lock:
             self.fs.sqlite("read")
             return list(await self._conn.execute_fetchall(sql, params))
@@ -227,16 +383,6 @@ class Index:
             (session_id, message_id),
         )
         return Row(*rows[0]) if rows else None
-
-    async def lookup_many(self, session_id: str, message_ids: Sequence[str]) -> dict[str, int]:
-        """Return ``{message_id: line}`` for those of ``message_ids`` that are stored."""
-        marks = ",".join("?" * len(message_ids))
-        rows = await self._fetch(
-            f"SELECT message_id, line FROM messages WHERE session_id = ?"
-            f" AND message_id IN ({marks})",
-            (session_id, *message_ids),
-        )
-        return {str(m): int(line) for m, line in rows}
 
     async def rows(self, session_id: str, start: int = 0, end: int | None = None) -> list[Row]:
         """Return the rows of lines ``[start, end)`` in order."""
@@ -342,17 +488,6 @@ class Index:
             for table in ("messages", "turns", "sessions"):
                 await db.execute(f"DELETE FROM {table} WHERE session_id = ?", (session_id,))
 
-    async def append(
-        self, session_id: str, rows: Iterable[Row], stamp: FileStamp, line_count: int, now: str
-    ) -> None:
-        """Record appended lines and the transcript's new size."""
-        async with self.transaction() as db:
-            await db.executemany(
-                "INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [(session_id, *r) for r in rows],
-            )
-            await _set_file(db, session_id, stamp, line_count, now)
-
     async def update_line(
         self, session_id: str, row: Row, delta: int, stamp: FileStamp, line_count: int, now: str
     ) -> None:
@@ -397,11 +532,17 @@ class Index:
             return cur.rowcount
 
 
+_SET_FILE = (
+    "UPDATE sessions SET line_count = ?, byte_size = ?, file_ino = ?, file_mtime_ns = ?,"
+    " updated_at = ? WHERE session_id = ?"
+)
+
+
+def _file_params(q: _Queued) -> tuple[Any, ...]:
+    return (q.line_count, q.stamp.size, q.stamp.ino, q.stamp.mtime_ns, q.now, q.session_id)
+
+
 async def _set_file(
     db: aiosqlite.Connection, session_id: str, stamp: FileStamp, line_count: int, now: str
 ) -> None:
-    await db.execute(
-        "UPDATE sessions SET line_count = ?, byte_size = ?, file_ino = ?, file_mtime_ns = ?,"
-        " updated_at = ? WHERE session_id = ?",
-        (line_count, stamp.size, stamp.ino, stamp.mtime_ns, now, session_id),
-    )
+    await db.execute(_SET_FILE, _file_params(_Queued(session_id, (), stamp, line_count, now)))

@@ -158,8 +158,8 @@ def display_capped(line: bytes, cap: int) -> bytes:
 
     String values outside the host-owned fields that are longer than one common length
     (the longest that keeps the line within ``cap``, found by bisection) are clipped to
-    it; strings of up to :data:`KEEP_SHORT` characters (block types, names) are never
-    clipped. Structure and keys survive, so the copy is a valid message the UI can
+    it; strings of up to :data:`KEEP_SHORT` printable ASCII characters (block types,
+    names) are never clipped. Structure and keys survive, so the copy is a valid message the UI can
     render; a message made mostly of short fields may stay somewhat over ``cap``.
     """
     try:
@@ -172,6 +172,11 @@ def display_capped(line: bytes, cap: int) -> bytes:
         return _ENC.encode(keep)
 
 
+def _short(v: str) -> bool:
+    # Printable ASCII: at most 2 bytes a character once encoded (control characters take 6).
+    return len(v) <= KEEP_SHORT and v.isascii() and v.isprintable()
+
+
 def _clipped(line: bytes, cap: int) -> bytes:
     value = msgspec.json.decode(line)
     if not isinstance(value, dict):  # pragma: no cover - stored lines are objects
@@ -179,7 +184,7 @@ def _clipped(line: bytes, cap: int) -> bytes:
 
     def clip(v: Any, n: int) -> Any:
         if isinstance(v, str):
-            return v[:n] + "…" if len(v) > max(n, KEEP_SHORT) else v
+            return v[:n] + "…" if len(v) > n and not _short(v) else v
         if isinstance(v, list):
             return [clip(x, n) for x in v]
         if isinstance(v, dict):

@@ -122,6 +122,8 @@ class Host:
         counters = dict(self.store.counters)
         counters["sessions.open"] = self.store.open_count
         counters["locks.held"] = len(self.store.locks)
+        counters["index.batches"] = self.store.index.batches
+        counters["fsyncs.onLoop"] = int(self.store.fsyncs.inline)
         return StatsResult(
             uptime_seconds=time.monotonic() - self.stats.started,
             counters=counters,

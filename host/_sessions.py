@@ -148,16 +148,22 @@ class SessionMethods:
             if rider.done:  # an earlier call wrote it with its own group (group commit)
                 return rider.answer()
             s = await self.store.open_session(p.session_id)
+            await asyncio.sleep(0)  # calls already read behind this one queue up to join it
             group = [rider] + [
                 t.rider for t in self.store.locks.followers(p.session_id, ticket, GROUP - 1)
             ]
-            await self._append_group(s, group)
+            await self._append_group(s, group, defer_index=True)
             return rider.answer()
 
-    async def _append_group(self, s: OpenSession, group: list[_Append]) -> None:
-        """Append every message of ``group`` not yet stored, with one write and one fsync."""
+    async def _append_group(
+        self, s: OpenSession, group: list[_Append], *, defer_index: bool = False
+    ) -> None:
+        """Append every message of ``group`` not yet stored, with one write and one fsync.
+
+        ``defer_index``: the call ends here, so its rows may be committed after the answer.
+        """
         try:
-            stored = await self.store.index.lookup_many(s.session_id, [a.msg.id for a in group])
+            stored = self.store.index.lookup_now(s.session_id, [a.msg.id for a in group])
             fresh: list[_Append] = []
             for a in group:
                 if a.msg.id in stored:
@@ -165,7 +171,8 @@ class SessionMethods:
                 else:
                     stored[a.msg.id] = -1  # a repeat later in the same group is a replay
                     fresh.append(a)
-            lines = await self.store.append(s, [NewLine.of(a.msg, a.turn_id) for a in fresh])
+            new = [NewLine.of(a.msg, a.turn_id) for a in fresh]
+            lines = await self.store.append(s, new, defer_index=defer_index)
             for a, line in zip(fresh, lines, strict=True):
                 a.line, a.appended = line, True
             for a in group:
@@ -187,7 +194,11 @@ class SessionMethods:
     async def append_locked(
         self, s: OpenSession, msg: Message, turn_id: str | None
     ) -> tuple[int, bool]:
-        """Append ``msg`` unless its id is stored (at least once in, exactly once stored)."""
+        """Append ``msg`` unless its id is stored (at least once in, exactly once stored).
+
+        The index rows are committed before this returns (a failure cuts the line back),
+        since the caller's call goes on and must not outlive a failed commit.
+        """
         a = _Append(msg, turn_id)
         await self._append_group(s, [a])
         return a.line, a.appended

@@ -1051,20 +1051,32 @@ async def hop_costs(bench: Bench) -> None:
     )
 
 
-async def bench_all(bench: Bench) -> None:
-    """Run every figure and peer, in an order that keeps the big builds apart."""
+PARTS = ("append_one", "append_backlog", "save_inflight", "peers", "get_truncate", "update", "start")
+"""The parts of a run, in the order that keeps the big builds apart (``--only`` picks)."""
+
+
+async def bench_all(bench: Bench, only: frozenset[str] = frozenset(PARTS)) -> None:
+    """Run the figures and peers named in ``only``."""
     await hop_costs(bench)
-    host = await bench.host(bench.main)
-    try:
-        await fig_append_one(bench, host)
-        await fig_append_backlog(bench, host)
-        await fig_inflight(bench, host)
-        await peers(bench, host)
-        await fig_get_truncate(bench, host)
-    finally:
-        await bench.stop(host)
-    await fig_update(bench)
-    await fig_start(bench)
+    shared = {
+        "append_one": fig_append_one,
+        "append_backlog": fig_append_backlog,
+        "save_inflight": fig_inflight,
+        "peers": peers,
+        "get_truncate": fig_get_truncate,
+    }
+    if only & shared.keys():
+        host = await bench.host(bench.main)
+        try:
+            for name, fig in shared.items():
+                if name in only:
+                    await fig(bench, host)
+        finally:
+            await bench.stop(host)
+    if "update" in only:
+        await fig_update(bench)
+    if "start" in only:
+        await fig_start(bench)
 
 
 # -- output ----------------------------------------------------------------------------
@@ -1196,12 +1208,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--keep", action="store_true", help="keep the run's folder")
     parser.add_argument("--check", action="store_true", help="exit 1 when a goal is missed")
+    parser.add_argument(
+        "--only",
+        type=lambda v: frozenset(v.split(",")),
+        default=frozenset(PARTS),
+        help=f"run only these parts, comma-separated: {','.join(PARTS)}",
+    )
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the bench; print the table (or JSON); return the exit code."""
     args = parse_args(argv)
+    unknown = args.only - set(PARTS)
+    if unknown:
+        raise SystemExit(f"--only: unknown parts {sorted(unknown)}; known: {', '.join(PARTS)}")
     parent: Path = args.dir if args.dir is not None else Path.cwd() / ".bench"
     made_parent = not parent.exists()
     parent.mkdir(parents=True, exist_ok=True)
@@ -1210,7 +1231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench = Bench(folder, QUICK if args.quick else FULL, run)
     t0 = time.perf_counter()
     try:
-        asyncio.run(_guarded(bench, bench_all(bench)))
+        asyncio.run(_guarded(bench, bench_all(bench, args.only)))
     finally:
         if not args.keep:
             shutil.rmtree(folder, ignore_errors=True)

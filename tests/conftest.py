@@ -524,8 +524,13 @@ def disk_state(data: Path) -> dict[str, bytes]:
     return out
 
 
-def index_state(data: Path) -> list[tuple[Any, ...]]:
-    """Every session and message row of the index (read-only; safe beside a live host)."""
+async def index_state(client: Client, data: Path) -> list[tuple[Any, ...]]:
+    """Every session and message row of the index (read-only; safe beside a live host).
+
+    The host commits appended rows after answering; any query waits for them, so one
+    ``session.list`` first makes the index show every answered append.
+    """
+    await client.call("session.list")
     conn = sqlite3.connect(f"file:{data / 'index.sqlite3'}?mode=ro", uri=True)
     try:
         sessions = conn.execute("SELECT * FROM sessions ORDER BY session_id").fetchall()
@@ -535,9 +540,9 @@ def index_state(data: Path) -> list[tuple[Any, ...]]:
     return [("sessions", *r) for r in sessions] + [("messages", *r) for r in messages]
 
 
-def everything(data: Path) -> tuple[dict[str, bytes], list[tuple[Any, ...]]]:
+async def everything(client: Client, data: Path) -> tuple[dict[str, bytes], list[tuple[Any, ...]]]:
     """The files and the index: what must not change after a failed call."""
-    return disk_state(data), index_state(data)
+    return disk_state(data), await index_state(client, data)
 
 
 def msg(mid: str, role: str = "user", content: Any = None, **extra: Any) -> dict[str, Any]:

@@ -63,11 +63,11 @@ async def test_an_id_already_stored_is_not_appended_again(client: Client, data_d
     await client.call("session.create", sessionId="s")
     await client.call("session.appendMessage", sessionId="s", message=msg("a"))
     await client.call("session.appendMessage", sessionId="s", message=msg("b"))
-    before = everything(data_dir)
+    before = await everything(client, data_dir)
     for again in (msg("a"), msg("a", "assistant", "a different body")):
         res = await client.call("session.appendMessage", sessionId="s", message=again)
         assert res == {"line": 0, "appended": False}
-    assert everything(data_dir) == before
+    assert await everything(client, data_dir) == before
     res = await client.call("session.appendMessage", sessionId="s", message=msg("c"))
     assert res == {"line": 2, "appended": True}
 
@@ -122,11 +122,11 @@ async def test_an_explicit_capped_false_is_an_ordinary_message(client: Client) -
 async def test_a_capped_message_is_conflict(client: Client, data_dir: Path) -> None:
     await client.call("session.create", sessionId="s")
     await client.call("session.appendMessage", sessionId="s", message=msg("a"))
-    before = everything(data_dir)
+    before = await everything(client, data_dir)
     with pytest.raises(RpcError) as err:
         await client.call("session.appendMessage", sessionId="s", message=msg("b", capped=True))
     assert (err.value.code, err.value.name) == (-32006, "CONFLICT")
-    assert everything(data_dir) == before
+    assert await everything(client, data_dir) == before
 
 
 async def test_a_message_with_newlines_in_its_text_stays_one_line(

@@ -59,7 +59,7 @@ async def test_a_checkpoint_is_one_file_replaced_atomically_and_nothing_else(
     client: Client, data_dir: Path
 ) -> None:
     await streaming(client, "s")
-    before = transcript(data_dir, "s").read_bytes(), index_state(data_dir)
+    before = transcript(data_dir, "s").read_bytes(), await index_state(client, data_dir)
     first = reply("a1", "Hel", model="m-1")
     assert await checkpoint(client, "s", first) is True
     body = json.loads(inflight(data_dir, "s").read_bytes())
@@ -69,7 +69,7 @@ async def test_a_checkpoint_is_one_file_replaced_atomically_and_nothing_else(
     assert json.loads(inflight(data_dir, "s").read_bytes())["message"] == newest
     assert temp_files(data_dir) == []
     # Not a transcript line, not an index row, not in session.get or session.list.
-    assert (transcript(data_dir, "s").read_bytes(), index_state(data_dir)) == before
+    assert (transcript(data_dir, "s").read_bytes(), await index_state(client, data_dir)) == before
     assert [m["id"] for m in await get_messages(client, "s")] == ["u1"]
     (summary,) = (await client.call("session.list"))["sessions"]
     assert summary["messageCount"] == 1
@@ -78,16 +78,16 @@ async def test_a_checkpoint_is_one_file_replaced_atomically_and_nothing_else(
 async def test_a_checkpoint_of_an_indexed_id_is_dropped(client: Client, data_dir: Path) -> None:
     await streaming(client, "s")
     await client.call("session.appendMessage", sessionId="s", turnId="t1", message=reply("a1"))
-    before = everything(data_dir)
+    before = await everything(client, data_dir)
     # A write still in flight when the final row landed: it must not resurrect the reply.
     assert await checkpoint(client, "s", reply("a1", "stale")) is False
     assert not inflight(data_dir, "s").exists()
-    assert everything(data_dir) == before
+    assert await everything(client, data_dir) == before
     # ... and it does not disturb the checkpoint of the next reply either.
     assert await checkpoint(client, "s", reply("a2", "next")) is True
-    before = everything(data_dir)
+    before = await everything(client, data_dir)
     assert await checkpoint(client, "s", reply("a1", "staler")) is False
-    assert everything(data_dir) == before
+    assert await everything(client, data_dir) == before
 
 
 async def test_the_final_append_of_the_same_id_removes_the_checkpoint(
@@ -258,9 +258,9 @@ async def test_recover_inflight_messages_settles_every_leftover(
     assert ended == {"status": "aborted", "recovered": False}
     await client.call("session.beginTurn", sessionId="run", turnId="t2")
     # Everything is settled: a second sweep finds nothing and changes nothing.
-    before = everything(data_dir)
+    before = await everything(client, data_dir)
     assert await client.call("session.recoverInflightMessages") == {"recovered": []}
-    assert everything(data_dir) == before
+    assert await everything(client, data_dir) == before
 
 
 EMPTY: dict[str, Any] = {

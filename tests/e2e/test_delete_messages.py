@@ -36,11 +36,11 @@ async def test_delete_removes_those_lines_and_keeps_the_rest_verbatim(
 
 async def test_delete_of_unknown_ids_changes_nothing(client: Client, data_dir: Path) -> None:
     await make_session(client, "s", 3)
-    before = everything(data_dir)
+    before = await everything(client, data_dir)
     for ids in (["zz"], [], ["zz", "yy"]):
         res = await client.call("session.deleteMessages", sessionId="s", messageIds=ids)
         assert res == {"deleted": 0}
-    assert everything(data_dir) == before
+    assert await everything(client, data_dir) == before
 
 
 async def test_delete_counts_only_the_ids_it_found(client: Client, data_dir: Path) -> None:

@@ -105,7 +105,7 @@ async def test_a_capped_row_written_back_is_conflict(client: Client, data_dir: P
     await client.call("session.appendMessage", sessionId="s", message=msg("next"))
     capped = (await client.call("session.get", sessionId="s", displayCap=300))["messages"]
     assert capped[0]["capped"] is True
-    before = everything(data_dir)
+    before = await everything(client, data_dir)
     attempts = [
         ("session.updateMessage", {"message": capped[0]}),
         ("session.replaceMessages", {"messages": capped}),
@@ -116,6 +116,6 @@ async def test_a_capped_row_written_back_is_conflict(client: Client, data_dir: P
             await client.call(method, sessionId="s", **params)
         assert err.value.code == -32006, method
         assert err.value.name == "CONFLICT"
-    assert everything(data_dir) == before
+    assert await everything(client, data_dir) == before
     full = await client.call("session.get", sessionId="s")
     assert full["messages"][0]["content"] == "y" * 5000

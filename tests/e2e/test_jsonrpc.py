@@ -103,13 +103,13 @@ async def test_invalid_json_and_invalid_utf8_are_parse_errors(
     client: Client, data_dir: Path
 ) -> None:
     await make_session(client, "s", 2)
-    before = everything(data_dir)
+    before = await everything(client, data_dir)
     for line in PARSE_ERRORS:
         reply = await client.raw(line)
         assert reply["id"] is None, line
         assert reply["error"]["code"] == -32700, line
         assert reply["error"]["data"]["code"] == "PARSE_ERROR"
-    assert everything(data_dir) == before
+    assert await everything(client, data_dir) == before
     assert (await client.call("session.list"))["sessions"][0]["messageCount"] == 2
 
 
@@ -129,21 +129,21 @@ NOT_REQUESTS: list[tuple[Any, Any]] = [
 
 async def test_not_a_request_object_is_invalid_request(client: Client, data_dir: Path) -> None:
     await make_session(client, "s", 1)
-    before = everything(data_dir)
+    before = await everything(client, data_dir)
     for request_, rid in NOT_REQUESTS:
         reply = await client.raw(dumps(request_), rid)
         assert reply["id"] == rid, request_
         assert reply["error"]["code"] == -32600, request_
         assert reply["error"]["data"]["code"] == "INVALID_REQUEST"
-    assert everything(data_dir) == before
+    assert await everything(client, data_dir) == before
 
 
 async def test_empty_batch_is_invalid_request(client: Client, data_dir: Path) -> None:
     await make_session(client, "s", 1)
-    before = everything(data_dir)
+    before = await everything(client, data_dir)
     reply = await client.raw(b"[]")
     assert reply["id"] is None and reply["error"]["code"] == -32600
-    assert everything(data_dir) == before
+    assert await everything(client, data_dir) == before
 
 
 async def test_bad_items_of_a_batch_get_their_own_errors(client: Client) -> None:
@@ -201,12 +201,12 @@ BAD_PARAMS: list[tuple[str, dict[str, Any]]] = [
 
 async def test_wrong_or_unknown_params_are_invalid_params(client: Client, data_dir: Path) -> None:
     await make_session(client, "s", 2)
-    before = everything(data_dir)
+    before = await everything(client, data_dir)
     for method, params in BAD_PARAMS:
         resp = await client.request(method, params)
         assert resp["error"]["code"] == -32602, (method, params, resp)
         assert resp["error"]["data"]["code"] == "INVALID_PARAMS"
-    assert everything(data_dir) == before
+    assert await everything(client, data_dir) == before
 
 
 async def test_params_that_are_not_an_object_are_invalid_params(client: Client) -> None:

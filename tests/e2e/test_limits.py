@@ -50,7 +50,7 @@ async def test_a_line_over_64_mib_is_read_through_with_bounded_memory(
 ) -> None:
     await client.call("session.create", sessionId="s")
     await client.call("session.appendMessage", sessionId="s", message={"id": "a", "role": "user"})
-    before = everything(data_dir)
+    before = await everything(client, data_dir)
     base = _memory_mb(host.pid)["VmHWM"]
     size = 2 * MAX_LINE  # 128 MiB: holding it whole would show in the high-water mark
     await client.send_chunks([*_padded_request(1, size), b"\n"])
@@ -63,7 +63,7 @@ async def test_a_line_over_64_mib_is_read_through_with_bounded_memory(
     peak = _memory_mb(host.pid)["VmHWM"]
     assert peak < 200, f"host peak RSS {peak:.0f} MB for a {size / MiB:.0f} MiB line"
     assert peak - base < 100, f"host grew {peak - base:.0f} MB reading a {size / MiB:.0f} MiB line"
-    assert everything(data_dir) == before
+    assert await everything(client, data_dir) == before
 
 
 async def test_the_limit_is_exactly_64_mib(host: HostProcess, client: Client) -> None:
@@ -124,7 +124,7 @@ async def test_a_result_over_64_mib_is_limit_exceeded_and_paging_works(
     start_host: StartHost, data_dir: Path
 ) -> None:
     client = await _big_host(start_host, data_dir)
-    before = everything(data_dir)
+    before = await everything(client, data_dir)
     resp = await client.request("session.get", {"sessionId": "big"})
     assert resp["error"]["code"] == -32003
     assert resp["error"]["data"]["code"] == "LIMIT_EXCEEDED"
@@ -132,7 +132,7 @@ async def test_a_result_over_64_mib_is_limit_exceeded_and_paging_works(
     assert resp["error"]["data"]["code"] == "LIMIT_EXCEEDED"
     # Nothing was sent that was over the limit, and nothing changed.
     assert client.longest_line <= MAX_LINE
-    assert everything(data_dir) == before
+    assert await everything(client, data_dir) == before
     # Paging is the way through: one big message at a time.
     page = await client.call("session.get", sessionId="big", beforeLine=2, limit=1)
     assert (page["startLine"], page["endLine"], page["totalLines"]) == (1, 2, 3)
@@ -156,7 +156,7 @@ async def test_a_result_over_64_mib_is_limit_exceeded_and_paging_works(
     assert [e["error"]["data"]["code"] for e in errors] == ["LIMIT_EXCEEDED"]
     (ok,) = [r for r in out if "result" in r]
     assert len(ok["result"]["messages"][0]["content"]) == BIG
-    assert everything(data_dir) == before
+    assert await everything(client, data_dir) == before
 
 
 async def test_display_capped_page_of_big_messages_fits(

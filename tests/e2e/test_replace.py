@@ -58,7 +58,7 @@ async def test_duplicate_ids_are_invalid_params_and_change_nothing(
 ) -> None:
     await client.call("session.create", sessionId="s")
     await client.call("session.appendMessage", sessionId="s", message=msg("a"))
-    before = everything(data_dir)
+    before = await everything(client, data_dir)
     with pytest.raises(RpcError) as err:
         await client.call(
             "session.replaceMessages",
@@ -66,7 +66,7 @@ async def test_duplicate_ids_are_invalid_params_and_change_nothing(
             messages=[msg("a"), msg("b"), msg("a", content="again")],
         )
     assert (err.value.code, err.value.name) == (-32602, "INVALID_PARAMS")
-    assert everything(data_dir) == before
+    assert await everything(client, data_dir) == before
 
 
 async def test_replace_keeps_the_callers_bytes(client: Client, data_dir: Path) -> None:

@@ -232,13 +232,13 @@ async def test_save_active_revision_with_an_empty_branch_archives_and_stamps_not
     await client.call("session.endTurn", sessionId="s", turnId="t1", status="aborted")
     await turn(client, "s", "t2", msg("u2"), reply("a2"))
     await client.call("session.appendMessage", sessionId="s", message=msg("u3"))
-    before = everything(data_dir)
+    before = await everything(client, data_dir)
     # The last user message (nothing after it), and a root followed by the next user message.
     for params, root in (({}, "u3"), ({"rootId": "u1"}, "u1")):
         res = await client.call("session.saveActiveRevision", sessionId="s", **params)
         assert res["rootId"] == root
         assert (res["archived"], res["stamped"]) == (0, False)
-    assert everything(data_dir) == before
+    assert await everything(client, data_dir) == before
     assert not any((data_dir / "revisions").rglob("*.jsonl"))
 
 
@@ -331,10 +331,10 @@ async def test_activate_revision_is_agent_busy_while_a_turn_runs(
     await client.call("session.truncateFrom", sessionId="s", fromMessageId="a1")
     await client.call("session.beginTurn", sessionId="s", turnId="t2")
     await client.call("session.appendMessage", sessionId="s", turnId="t2", message=reply("a1b"))
-    before = everything(data_dir)
+    before = await everything(client, data_dir)
     err = await fails(client, "session.activateRevision", sessionId="s", rootId="u1", revision=0)
     assert (err.code, err.name) == (-32005, "AGENT_BUSY")
-    assert everything(data_dir) == before
+    assert await everything(client, data_dir) == before
     await client.call("session.endTurn", sessionId="s", turnId="t2", status="completed")
     res = await client.call("session.activateRevision", sessionId="s", rootId="u1", revision=0)
     assert res == {"activeRevision": 0, "revisionCount": 2}
@@ -347,7 +347,7 @@ async def test_activating_a_revision_past_the_end_is_not_found(
     await client.call("session.create", sessionId="s")
     await turn(client, "s", "t1", msg("u1"), reply("a1"))
     await client.call("session.saveActiveRevision", sessionId="s")
-    before = everything(data_dir)
+    before = await everything(client, data_dir)
     for revision in (1, 99):
         err = await fails(
             client, "session.activateRevision", sessionId="s", rootId="u1", revision=revision
@@ -355,7 +355,7 @@ async def test_activating_a_revision_past_the_end_is_not_found(
         assert (err.code, err.name, err.data["kind"]) == (-32004, "NOT_FOUND", "revision")
     err = await fails(client, "session.activateRevision", sessionId="s", rootId="x", revision=0)
     assert (err.name, err.data["kind"]) == ("NOT_FOUND", "message")
-    assert everything(data_dir) == before
+    assert await everything(client, data_dir) == before
 
 
 async def test_activating_an_older_root_keeps_every_later_line_verbatim(

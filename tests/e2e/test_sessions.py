@@ -50,10 +50,10 @@ async def test_create_without_id_picks_a_fresh_one(client: Client) -> None:
 
 async def test_create_of_an_existing_id_changes_nothing(client: Client, data_dir: Path) -> None:
     await make_session(client, "s", 2, title="kept")
-    before = everything(data_dir)
+    before = await everything(client, data_dir)
     res = await client.call("session.create", sessionId="s", title="ignored")
     assert res == {"sessionId": "s", "created": False}
-    assert everything(data_dir) == before
+    assert await everything(client, data_dir) == before
     (row,) = (await client.call("session.list"))["sessions"]
     assert (row["title"], row["messageCount"]) == ("kept", 2)
 
@@ -72,12 +72,12 @@ async def test_list_counts_messages_and_orders_newest_first(client: Client) -> N
 async def test_delete_removes_every_file_and_the_listing(client: Client, data_dir: Path) -> None:
     await make_session(client, "gone", 3, title="t")
     await make_session(client, "stays", 1)
-    stays = {k: v for k, v in everything(data_dir)[0].items() if "stays" in k}
+    stays = {k: v for k, v in (await everything(client, data_dir))[0].items() if "stays" in k}
     assert (await client.call("session.delete", sessionId="gone")) == {"deleted": True}
     assert not [n for n in os.listdir(data_dir / "sessions") if n.startswith("gone")]
     assert not (data_dir / "revisions" / "gone").exists()
     assert [r["sessionId"] for r in (await client.call("session.list"))["sessions"]] == ["stays"]
-    assert {k: v for k, v in everything(data_dir)[0].items() if "stays" in k} == stays
+    assert {k: v for k, v in (await everything(client, data_dir))[0].items() if "stays" in k} == stays
     with pytest.raises(RpcError) as err:
         await client.call("session.get", sessionId="gone")
     assert err.value.name == "NOT_FOUND" and err.value.data["kind"] == "session"
@@ -88,7 +88,7 @@ async def test_delete_removes_every_file_and_the_listing(client: Client, data_di
 
 async def test_absent_session_is_not_found(client: Client, data_dir: Path) -> None:
     await make_session(client, "other", 1)
-    before = everything(data_dir)
+    before = await everything(client, data_dir)
     for method, params in [
         ("session.delete", {}),
         ("session.get", {}),
@@ -103,7 +103,7 @@ async def test_absent_session_is_not_found(client: Client, data_dir: Path) -> No
         assert err.value.code == -32004, method
         assert err.value.name == "NOT_FOUND"
         assert err.value.data["kind"] == "session"
-    assert everything(data_dir) == before
+    assert await everything(client, data_dir) == before
     assert not transcript(data_dir, "absent").exists()
 
 
@@ -163,7 +163,7 @@ async def test_bad_message_ids_are_invalid_params_and_change_nothing(
     client: Client, data_dir: Path
 ) -> None:
     await make_session(client, "s", 2)
-    before = everything(data_dir)
+    before = await everything(client, data_dir)
     for bad in BAD_IDS:
         calls: list[tuple[str, dict[str, Any]]] = [
             ("session.appendMessage", {"message": msg(bad)}),
@@ -176,7 +176,7 @@ async def test_bad_message_ids_are_invalid_params_and_change_nothing(
             with pytest.raises(RpcError) as err:
                 await client.call(method, sessionId="s", **extra)
             assert err.value.name == "INVALID_PARAMS", (bad, method, err.value)
-    assert everything(data_dir) == before
+    assert await everything(client, data_dir) == before
 
 
 async def test_every_legal_id_works(client: Client, data_dir: Path) -> None:

@@ -58,23 +58,23 @@ async def test_count_is_the_fallback_for_an_unknown_id(client: Client, data_dir:
 
 async def test_neither_given_is_invalid_params(client: Client, data_dir: Path) -> None:
     await make_session(client, "s", 4)
-    before = everything(data_dir)
+    before = await everything(client, data_dir)
     err = await fails(client, "session.truncateFrom", sessionId="s")
     assert (err.code, err.name) == (-32602, "INVALID_PARAMS")
     err = await fails(client, "session.truncateFrom", sessionId="s", truncateBefore=-1)
     assert err.name == "INVALID_PARAMS"
-    assert everything(data_dir) == before
+    assert await everything(client, data_dir) == before
 
 
 async def test_neither_resolving_is_not_found_and_changes_nothing(
     client: Client, data_dir: Path
 ) -> None:
     await make_session(client, "s", 4)
-    before, stat = everything(data_dir), file_state(transcript(data_dir, "s"))
+    before, stat = await everything(client, data_dir), file_state(transcript(data_dir, "s"))
     err = await fails(client, "session.truncateFrom", sessionId="s", fromMessageId="gone")
     assert (err.code, err.name, err.data["kind"]) == (-32004, "NOT_FOUND", "message")
     assert file_state(transcript(data_dir, "s")) == stat
-    assert everything(data_dir) == before
+    assert await everything(client, data_dir) == before
 
 
 async def test_not_found_leaves_a_running_turn_and_its_checkpoint_alone(
@@ -85,10 +85,10 @@ async def test_not_found_leaves_a_running_turn_and_its_checkpoint_alone(
     await client.call(
         "session.saveInflightMessage", sessionId="s", turnId="t1", message=reply("a1", "part")
     )
-    before = everything(data_dir)
+    before = await everything(client, data_dir)
     err = await fails(client, "session.truncateFrom", sessionId="s", fromMessageId="gone")
     assert err.name == "NOT_FOUND"
-    assert everything(data_dir) == before  # no promoted row, the checkpoint still there
+    assert await everything(client, data_dir) == before  # no promoted row, the checkpoint still there
     busy = await fails(client, "session.beginTurn", sessionId="s", turnId="t2")
     assert busy.name == "AGENT_BUSY"  # the turn still runs
 
@@ -106,10 +106,10 @@ async def test_a_cut_at_or_past_the_end_is_a_no_op(
     client: Client, data_dir: Path, params: dict[str, Any]
 ) -> None:
     await make_session(client, "s", 6)
-    before, stat = everything(data_dir), file_state(transcript(data_dir, "s"))
+    before, stat = await everything(client, data_dir), file_state(transcript(data_dir, "s"))
     assert await cut(client, "s", **params) == {"kept": 6, "removed": 0, "archived": 0}
     assert file_state(transcript(data_dir, "s")) == stat  # same inode, size, mtime, bytes
-    assert everything(data_dir) == before
+    assert await everything(client, data_dir) == before
 
 
 async def test_a_retried_regenerate_cuts_and_archives_once(client: Client, data_dir: Path) -> None:
@@ -124,12 +124,12 @@ async def test_a_retried_regenerate_cuts_and_archives_once(client: Client, data_
         "archived": 2,
         "pager": {"rootId": "u0", "revisionCount": 2, "activeRevision": 1},
     }
-    before, stat = everything(data_dir), file_state(transcript(data_dir, "s"))
+    before, stat = await everything(client, data_dir), file_state(transcript(data_dir, "s"))
     # The client timed out and sends the same call again: the cut is already made.
     again = await cut(client, "s", fromMessageId="a0", truncateBefore=1)
     assert again == {"kept": 1, "removed": 0, "archived": 0}
     assert file_state(transcript(data_dir, "s")) == stat
-    assert everything(data_dir) == before
+    assert await everything(client, data_dir) == before
     listed = await client.call("session.listRevisions", sessionId="s", rootId="u0")
     assert [r["messageCount"] for r in listed["revisions"]] == [2]
 

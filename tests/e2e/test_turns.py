@@ -45,10 +45,10 @@ async def test_second_turn_while_one_runs_is_agent_busy_and_changes_nothing(
 ) -> None:
     await client.call("session.create", sessionId="s")
     await client.call("session.beginTurn", sessionId="s", turnId="t1", prompt=msg("u1"))
-    before = everything(data_dir)
+    before = await everything(client, data_dir)
     err = await fails(client, "session.beginTurn", sessionId="s", turnId="t2", prompt=msg("u2"))
     assert (err.code, err.name) == (-32005, "AGENT_BUSY")
-    assert everything(data_dir) == before  # the refused prompt was not appended
+    assert await everything(client, data_dir) == before  # the refused prompt was not appended
 
     # Another session is not busy; and once t1 ends, t2 may begin.
     await client.call("session.create", sessionId="other")
@@ -107,23 +107,23 @@ async def test_ending_an_ended_turn_returns_its_state_and_changes_nothing(
         "session.saveInflightMessage", sessionId="s", turnId="t1", message=reply("a1")
     )
     assert saved == {"saved": True}
-    before = everything(data_dir)
+    before = await everything(client, data_dir)
     for status in ("completed", "error", "aborted"):
         again = await client.call(
             "session.endTurn", sessionId="s", turnId="t1", status=status, recoverInflight=True
         )
         assert again == {"status": first, "recovered": False}
-    assert everything(data_dir) == before
+    assert await everything(client, data_dir) == before
     assert inflight(data_dir, "s").exists()
 
 
 async def test_end_turn_of_an_unknown_turn_is_not_found(client: Client, data_dir: Path) -> None:
     await client.call("session.create", sessionId="s")
     await client.call("session.beginTurn", sessionId="s", turnId="t1")
-    before = everything(data_dir)
+    before = await everything(client, data_dir)
     err = await fails(client, "session.endTurn", sessionId="s", turnId="nope", status="completed")
     assert (err.code, err.name, err.data["kind"]) == (-32004, "NOT_FOUND", "turn")
-    assert everything(data_dir) == before
+    assert await everything(client, data_dir) == before
     # A turn of another session is unknown here too.
     await client.call("session.create", sessionId="s2")
     err = await fails(client, "session.endTurn", sessionId="s2", turnId="t1", status="aborted")
@@ -149,10 +149,10 @@ async def test_unknown_session_is_not_found_and_creates_nothing(
     client: Client, data_dir: Path, method: str, params: dict[str, Any]
 ) -> None:
     await client.call("session.create", sessionId="s")
-    before = everything(data_dir)
+    before = await everything(client, data_dir)
     err = await fails(client, method, sessionId="ghost", **params)
     assert (err.code, err.name, err.data["kind"]) == (-32004, "NOT_FOUND", "session")
-    assert everything(data_dir) == before
+    assert await everything(client, data_dir) == before
     assert not list(data_dir.rglob("ghost*"))
 
 

@@ -75,12 +75,12 @@ async def test_update_ignores_pager_fields_sent_by_the_caller(
 
 async def test_update_of_an_unknown_message_is_not_found(client: Client, data_dir: Path) -> None:
     await make_session(client, "s", 3)
-    before = everything(data_dir)
+    before = await everything(client, data_dir)
     with pytest.raises(RpcError) as err:
         await client.call("session.updateMessage", sessionId="s", message=msg("nope"))
     assert (err.value.code, err.value.name) == (-32004, "NOT_FOUND")
     assert err.value.data["kind"] == "message"
-    assert everything(data_dir) == before
+    assert await everything(client, data_dir) == before
 
 
 async def test_appends_after_an_update_go_to_the_new_file(client: Client, data_dir: Path) -> None:
