@@ -295,9 +295,7 @@ class Index:
                     self._fresh.pop(q.session_id, None)
             self._flusher = None
             if self._queue:  # rows queued during this commit: the next batch's
-                self._timer = asyncio.get_running_loop().call_later(
-                    FLUSH_DELAY, self._start_flush
-                )
+                self._timer = asyncio.get_running_loop().call_later(FLUSH_DELAY, self._start_flush)
 
     async def _commit(self, batch: Sequence[_Queued]) -> None:
         if not batch:

@@ -1,8 +1,9 @@
 """The transcript store: each session's file and index rows kept in step.
 
 Every write follows one order. Append: whole lines written, fsync, the answer, then the
-index rows in a batch (see :mod:`host._index`); a failed write or fsync cuts the file back. Rewrite: temp file, fsync,
-rename, folder fsync, then the index; a failed index commit puts the old bytes back.
+index rows in a batch (see :mod:`host._index`); a failed write or fsync cuts the file
+back. Rewrite: temp file, fsync, rename, folder fsync, then the index; a failed index
+commit puts the old bytes back.
 Callers hold the session's lock (see :mod:`host._locks`) around all of it.
 
 A session whose file no longer matches what the index recorded (inode, size, mtime) is

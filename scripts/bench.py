@@ -1051,7 +1051,15 @@ async def hop_costs(bench: Bench) -> None:
     )
 
 
-PARTS = ("append_one", "append_backlog", "save_inflight", "peers", "get_truncate", "update", "start")
+PARTS = (
+    "append_one",
+    "append_backlog",
+    "save_inflight",
+    "peers",
+    "get_truncate",
+    "update",
+    "start",
+)
 """The parts of a run, in the order that keeps the big builds apart (``--only`` picks)."""
 
 

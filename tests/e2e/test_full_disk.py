@@ -4,8 +4,9 @@ Appends answer STORAGE_ERROR once the disk is full and the host stays up. An app
 answered once its line is fsynced and its index row is committed after the answer, so
 while the disk is full a read of the session may answer STORAGE_ERROR too (its index
 cannot take the rows); once space is freed every acknowledged row is read back, the next
-append succeeds, and after a restart everything acknowledged is there and verify agrees. Needs root (mount); skipped
-elsewhere, where the fault-injection seam covers ENOSPC (tests/host/test_faults.py).
+append succeeds, and after a restart everything acknowledged is there and verify agrees.
+Needs root (mount); skipped elsewhere, where the fault-injection seam covers ENOSPC
+(tests/host/test_faults.py).
 """
 
 from __future__ import annotations

@@ -77,7 +77,8 @@ async def test_delete_removes_every_file_and_the_listing(client: Client, data_di
     assert not [n for n in os.listdir(data_dir / "sessions") if n.startswith("gone")]
     assert not (data_dir / "revisions" / "gone").exists()
     assert [r["sessionId"] for r in (await client.call("session.list"))["sessions"]] == ["stays"]
-    assert {k: v for k, v in (await everything(client, data_dir))[0].items() if "stays" in k} == stays
+    files = (await everything(client, data_dir))[0]
+    assert {k: v for k, v in files.items() if "stays" in k} == stays
     with pytest.raises(RpcError) as err:
         await client.call("session.get", sessionId="gone")
     assert err.value.name == "NOT_FOUND" and err.value.data["kind"] == "session"

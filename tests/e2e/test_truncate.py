@@ -88,7 +88,8 @@ async def test_not_found_leaves_a_running_turn_and_its_checkpoint_alone(
     before = await everything(client, data_dir)
     err = await fails(client, "session.truncateFrom", sessionId="s", fromMessageId="gone")
     assert err.name == "NOT_FOUND"
-    assert await everything(client, data_dir) == before  # no promoted row, the checkpoint still there
+    # no promoted row, the checkpoint still there
+    assert await everything(client, data_dir) == before
     busy = await fails(client, "session.beginTurn", sessionId="s", turnId="t2")
     assert busy.name == "AGENT_BUSY"  # the turn still runs
 
