@@ -8,6 +8,7 @@ is answered synchronously, so requests pipelined right behind it see it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import deque
@@ -102,6 +103,8 @@ class Connection:
         self.handshaken = False
         self.calls: dict[Hashable, CallState] = {}
         self.tasks: set[asyncio.Future[Any]] = set()
+        self._out: list[bytes] = []  # reply lines not yet written
+        self._flushing: asyncio.Handle | None = None
         self.closed = False
 
     # -- input ----------------------------------------------------------------------
@@ -132,8 +135,6 @@ class Connection:
                 part = self._start(line, reply=True)  # malformed JSON raises DecodeError
                 if isinstance(part, bytes):
                     self._spawn_send(part)
-                elif isinstance(part, asyncio.Task):
-                    self._track(part)
             else:
                 _RAW.decode(line)  # JSON, but not a request: tell the two apart
                 err = InvalidRequest("a request must be a JSON object or a batch array")
@@ -184,6 +185,9 @@ class Connection:
             self._run(call, self.handlers[method], params, rid, note, reply)
         )
         call.task = task
+        call.created()
+        self.tasks.add(task)
+        task.add_done_callback(functools.partial(self._ended, call))
         if not note:
             self.calls[_key(rid)] = call
         return task
@@ -222,6 +226,7 @@ class Connection:
     ) -> bytes | None:
         """Run one call; send its answer when ``reply`` (else a batch collects it)."""
         CURRENT_CALL.set(call)
+        call.ran()
         call.running = True
         t0 = time.perf_counter()
         ok = False
@@ -272,15 +277,42 @@ class Connection:
     # -- output ---------------------------------------------------------------------
 
     async def send(self, body: bytes) -> None:
-        """Write one reply line (one ``write``: lines never interleave) and drain."""
+        """Send one reply line, whole (lines never interleave), then drain.
+
+        With other calls in flight, replies queued in one pass of the loop go out in one
+        ``write`` at its end (a backlog's answers cost one system call, not one each).
+        """
         if self.closed:
             return
+        self._out += (body, b"\n")
+        if self._flushing is None:
+            if len(self.tasks) <= 1:
+                self._flush()
+            else:
+                self._flushing = asyncio.get_running_loop().call_soon(self._flush)
         try:
-            self.writer.write(body + b"\n")
             await self.writer.drain()
         except (ConnectionError, RuntimeError) as exc:
-            log.info("client went away before a reply could be sent: %s", exc)
-            self.closed = True
+            self._gone(exc)
+
+    def _flush(self) -> None:
+        if self._flushing is not None:
+            self._flushing.cancel()
+            self._flushing = None
+        data, self._out = b"".join(self._out), []
+        if data and not self.closed:
+            try:
+                self.writer.write(data)
+            except (ConnectionError, RuntimeError) as exc:
+                self._gone(exc)
+
+    def _gone(self, exc: BaseException) -> None:
+        log.info("client went away before a reply could be sent: %s", exc)
+        self.closed = True
+
+    def _ended(self, call: CallState, task: asyncio.Future[Any]) -> None:
+        call.ran()
+        self.tasks.discard(task)
 
     def _spawn_send(self, body: bytes) -> None:
         self._spawn(self.send(body))
@@ -296,6 +328,7 @@ class Connection:
         """Wait for every call in flight and every reply to be written."""
         while self.tasks:
             await asyncio.gather(*list(self.tasks), return_exceptions=True)
+        self._flush()
 
 
 def _key(rid: Any) -> Hashable:

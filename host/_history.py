@@ -18,11 +18,11 @@ from msgspec import UNSET, Raw
 
 from host._archive import ArchiveDamaged, Revision
 from host._errors import AgentBusy, Conflict, InvalidParams, NotFound
-from host._index import Row
+from host._index import Row, now_iso
 from host._intents import ArchiveStep, CutStep, Intent, StampStep, revisions_of
 from host._messages import Message, parse_incoming, parse_stored
 from host._sessions import SessionMethods
-from host._store import NewLine, OpenSession, Store, now_iso
+from host._store import NewLine, OpenSession, Store
 from host._transcript import Piece, Transcript
 from host._turns import TurnMethods
 from host._wire import (

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 import os
 import sqlite3
@@ -33,6 +34,12 @@ from host._fs import FileSystem
 from host._transcript import FileStamp
 
 log = logging.getLogger("host.index")
+
+
+def now_iso() -> str:
+    """Return the current UTC time as ISO 8601 with milliseconds."""
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
 
 MIGRATIONS: list[tuple[str, str]] = [
     (
@@ -164,7 +171,7 @@ class _Queued(NamedTuple):
     rows: Sequence[Row]
     stamp: FileStamp
     line_count: int
-    now: str
+    now: str  # the session's new updatedAt; "" for the time of the commit
 
 
 class Index:
@@ -231,14 +238,14 @@ class Index:
     # -- queued appends -----------------------------------------------------------------
 
     def queue_append(
-        self, session_id: str, rows: Sequence[Row], stamp: FileStamp, line_count: int, now: str
+        self, session_id: str, rows: Sequence[Row], stamp: FileStamp, line_count: int
     ) -> None:
         """Queue rows of lines already durable in the transcript; commit them soon.
 
         Soon is :data:`FLUSH_DELAY` later, or at once past :data:`FLUSH_ROWS` rows, or when
         any other query or transaction wants the index.
         """
-        self._queue.append(_Queued(session_id, rows, stamp, line_count, now))
+        self._queue.append(_Queued(session_id, rows, stamp, line_count, ""))
         self._queued += 1
         self._queued_rows += len(rows)
         fresh = self._fresh.setdefault(session_id, {})
@@ -301,30 +308,25 @@ class Index:
         if not batch:
             return
         last = {q.session_id: q for q in batch}
+        now = now_iso()
         async with self._transaction() as db:
             await db.executemany(
                 "INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [(q.session_id, *r) for q in batch for r in q.rows],
             )
-            await db.executemany(_SET_FILE, [_file_params(q) for q in last.values()])
+            await db.executemany(_SET_FILE, [_file_params(q, now) for q in last.values()])
 
     def lookup_now(self, session_id: str, message_ids: Sequence[str]) -> dict[str, int]:
         """Return ``{message_id: line}`` of those stored, queued rows included; no await."""
-        fresh = self._fresh.get(session_id, {})
-        found = {m: fresh[m] for m in message_ids if m in fresh}
+        fresh = self._fresh.get(session_id)
+        found = {m: fresh[m] for m in message_ids if m in fresh} if fresh else {}
         rest = [m for m in dict.fromkeys(message_ids) if m not in found]
         assert self._reader is not None
         for i in range(0, len(rest), 500):
             part = rest[i : i + 500]
             self.fs.sqlite("read")
-            marks = ",".join("?" * len(part))
-            found.update(
-                self._reader.execute(
-                    f"SELECT message_id, line FROM messages WHERE session_id = ?"
-                    f" AND message_id IN ({marks})",
-                    (session_id, *part),
-                ).fetchall()
-            )
+            marks = "?" if len(part) == 1 else ",".join("?" * len(part))
+            found.update(self._reader.execute(_LOOKUP % marks, (session_id, *part)).fetchall())
         return found
 
     # -- transactions ---------------------------------------------------------------
@@ -530,14 +532,16 @@ class Index:
             return cur.rowcount
 
 
+_LOOKUP = "SELECT message_id, line FROM messages WHERE session_id = ? AND message_id IN (%s)"
 _SET_FILE = (
     "UPDATE sessions SET line_count = ?, byte_size = ?, file_ino = ?, file_mtime_ns = ?,"
     " updated_at = ? WHERE session_id = ?"
 )
 
 
-def _file_params(q: _Queued) -> tuple[Any, ...]:
-    return (q.line_count, q.stamp.size, q.stamp.ino, q.stamp.mtime_ns, q.now, q.session_id)
+def _file_params(q: _Queued, now: str = "") -> tuple[Any, ...]:
+    stamp = q.stamp
+    return (q.line_count, stamp.size, stamp.ino, stamp.mtime_ns, q.now or now, q.session_id)
 
 
 async def _set_file(

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from host._index import Row, SessionRow
+from host._index import Row, SessionRow, now_iso
 from host._messages import pager_json, parse_stored
 from host._transcript import FileStamp, Piece, Transcript, iter_lines
 
@@ -232,7 +232,6 @@ async def reconcile(
 
 
 def _read_meta(store: Store, session_id: str) -> tuple[str | None, str]:
-    from host._store import now_iso  # _store imports this module
 
     try:
         with open(store.layout.meta(session_id), "rb") as f:

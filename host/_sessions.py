@@ -15,9 +15,10 @@ from collections.abc import Sequence
 from msgspec import UNSET, Raw
 
 from host._errors import InvalidParams, LimitExceeded, NotFound
-from host._index import Row, SessionRow
+from host._index import Row, SessionRow, now_iso
+from host._locks import UNSTARTED
 from host._messages import Message, display_capped, pager_from_json, parse_incoming, parse_stored
-from host._store import NewLine, OpenSession, Store, now_iso
+from host._store import NewLine, OpenSession, Store
 from host._transcript import FileStamp, Piece, Transcript
 from host._wire import (
     MAX_LINE,
@@ -148,11 +149,13 @@ class SessionMethods:
             if rider.done:  # an earlier call wrote it with its own group (group commit)
                 return rider.answer()
             s = await self.store.open_session(p.session_id)
-            await asyncio.sleep(0)  # calls already read behind this one queue up to join it
-            group = [rider] + [
-                t.rider for t in self.store.locks.followers(p.session_id, ticket, GROUP - 1)
-            ]
-            await self._append_group(s, group, defer_index=True)
+            if UNSTARTED[0]:
+                await asyncio.sleep(0)  # calls already read behind this one queue to join it
+            riders = self.store.locks.followers(p.session_id, ticket, GROUP - 1)
+            try:
+                await self._append_group(s, [rider, *(t.rider for t in riders)], defer_index=True)
+            finally:
+                self.store.locks.release(p.session_id, riders)
             return rider.answer()
 
     async def _append_group(

@@ -13,7 +13,6 @@ reconciled before it is served: at start, and after any write that failed half-w
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 import shutil
 import time
@@ -26,7 +25,7 @@ from host._archive import Archive
 from host._checkpoints import Checkpoints
 from host._errors import NotFound, StorageError
 from host._fs import FileSystem
-from host._index import Index, Row
+from host._index import Index, Row, now_iso
 from host._intents import Intents
 from host._layout import Layout
 from host._locks import LockTable
@@ -35,11 +34,6 @@ from host._transcript import Piece, Rewrite, Transcript
 
 log = logging.getLogger("host.store")
 BIG_WRITE = 1 << 20  # appends larger than this are written off the loop
-
-
-def now_iso() -> str:
-    """Return the current UTC time as ISO 8601 with milliseconds."""
-    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 @dataclass(slots=True)
@@ -257,7 +251,7 @@ class Store:
             await asyncio.shield(asyncio.to_thread(self._cut_back, s, offset))
             raise
         if defer_index:
-            self.index.queue_append(s.session_id, rows, stamp, count, now_iso())
+            self.index.queue_append(s.session_id, rows, stamp, count)
         s.size = pos
         s.line_count = count
         self.count("appends", len(lines))

@@ -16,10 +16,11 @@ from msgspec import UNSET, Raw
 
 from host._checkpoints import Checkpoint
 from host._errors import AgentBusy, NotFound
+from host._index import now_iso
 from host._messages import Status, parse_incoming, parse_stored
 from host._recovery import quarantine
 from host._sessions import SessionMethods
-from host._store import OpenSession, Store, now_iso
+from host._store import OpenSession, Store
 from host._wire import (
     BeginTurnParams,
     BeginTurnResult,
