@@ -190,6 +190,8 @@ class Index:
         self._flusher: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self.batches = 0  # batches of queued rows committed (for host.stats)
+        self.failures = 0  # ... and of them, how many failed
+        self.error: BaseException | None = None
         self.stale: set[str] = set()
         """Sessions whose queued rows failed to commit: reconcile them before use."""
 
@@ -206,7 +208,8 @@ class Index:
             yield index
         finally:
             try:
-                await index.settle()
+                with contextlib.suppress(sqlite3.Error):
+                    await index.settle()  # a failed batch is reconciled at the next start
             finally:
                 if index._reader is not None:
                     index._reader.close()
@@ -271,12 +274,23 @@ class Index:
         await self._commit([_Queued(session_id, rows, stamp, line_count, now)])
 
     async def settle(self) -> None:
-        """Wait until every row queued so far is committed (or its session is stale)."""
-        target = self._queued
+        """Wait until every row queued so far is committed.
+
+        Raises ``sqlite3.OperationalError`` when a batch it waited for failed: the caller
+        must not go on as if the index held those rows (their sessions are stale).
+        """
+        target, failures = self._queued, self.failures
         while self._committed < target:
             self._start_flush()
             assert self._flusher is not None
             await asyncio.shield(self._flusher)
+        if self.failures != failures:
+            raise sqlite3.OperationalError(f"appended rows could not be indexed: {self.error}")
+
+    def reconciling(self, session_id: str) -> None:
+        """The store rebuilds a stale session's rows from its file: forget what was queued."""
+        self.stale.discard(session_id)
+        self._fresh.pop(session_id, None)
 
     async def _flush(self) -> None:
         """Commit the rows queued so far in one transaction; start the next batch's."""
@@ -289,11 +303,15 @@ class Index:
             sids = {q.session_id for q in batch}
             log.error("index: a batch of appended rows failed to commit (%r): %s", exc, sids)
             self.stale |= sids  # the files hold the lines: reconciled on next use
+            self.failures += 1
+            self.error = exc
             if not isinstance(exc, Exception):
                 raise
         finally:
             self._committed += len(batch)
             for q in batch:
+                if q.session_id in self.stale:
+                    continue  # its queued ids still answer replays until it is reconciled
                 fresh = self._fresh.get(q.session_id)
                 for r in q.rows:
                     if fresh is not None and fresh.get(r.message_id) == r.line:

@@ -132,7 +132,7 @@ class Store:
         if self.index.stale:
             await self.index.settle()  # every queued row of this session is through
             if session_id in self.index.stale:
-                self.index.stale.discard(session_id)
+                self.index.reconciling(session_id)
                 self.forget(session_id)  # its index lacks answered lines: reconcile
         s = self._open.get(session_id)
         if s is not None:
