@@ -113,9 +113,21 @@ def _feed_from_file(loop: asyncio.AbstractEventLoop, reader: asyncio.StreamReade
     loop.call_soon_threadsafe(reader.feed_eof)
 
 
+def _widen_pipe(fd: int) -> None:
+    """Give a pipe 1 MiB of buffer (Linux's default limit for anyone) instead of 64 KiB.
+
+    While an append group's fsync holds the loop, the requests behind it wait in the pipe;
+    a wider pipe lets a draining outbox queue a bigger next group (fewer fsyncs).
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        if stat.S_ISFIFO(os.fstat(fd).st_mode):
+            fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, 1 << 20)
+
+
 async def serve_stdio(host: Host) -> None:
     """Serve the one connection on stdin/stdout (pipes, sockets, ttys or plain files)."""
     loop = asyncio.get_running_loop()
+    _widen_pipe(sys.stdin.fileno())
     reader = asyncio.StreamReader(limit=2 * CHUNK)
     feeder = None
     try:
