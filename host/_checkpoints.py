@@ -44,6 +44,15 @@ class Checkpoints:
         self.present: set[str] = {
             name[: -len(suffix)] for name in os.listdir(layout.sessions) if name.endswith(suffix)
         }
+        self._turns: dict[str, str] = {}  # the turn id of each checkpoint read or saved here
+
+    def turn_id(self, session_id: str) -> str | None:
+        """The turn id of the session's checkpoint when this process has read or saved it.
+
+        A 1 MB snapshot saved every few hundred milliseconds need not read the last one
+        back (and scan it) to learn whose turn it belongs to.
+        """
+        return self._turns.get(session_id)
 
     def read(self, session_id: str) -> Checkpoint | None:
         """Return the session's checkpoint; ``ValueError`` when the file is corrupt."""
@@ -56,9 +65,11 @@ class Checkpoints:
             self.present.discard(session_id)
             return None
         try:
-            return _DEC.decode(data)
+            cp = _DEC.decode(data)
         except msgspec.MsgspecError as exc:
             raise ValueError(f"corrupt checkpoint: {exc}") from None
+        self._turns[session_id] = cp.turn_id
+        return cp
 
     def read_raw(self, session_id: str) -> bytes:
         """Return the checkpoint file's bytes (to quarantine a corrupt one)."""
@@ -67,8 +78,10 @@ class Checkpoints:
 
     def save(self, cp: Checkpoint) -> None:
         """Replace the session's checkpoint atomically."""
+        self._turns.pop(cp.session_id, None)  # a failed replace may leave either file
         self.fs.write_atomic(self.layout.inflight(cp.session_id), _ENC.encode(cp))
         self.present.add(cp.session_id)
+        self._turns[cp.session_id] = cp.turn_id
 
     def remove(self, session_id: str) -> None:
         """Remove the session's checkpoint durably.
@@ -78,4 +91,9 @@ class Checkpoints:
         """
         if self.fs.unlink(self.layout.inflight(session_id)):
             self.fs.fsync_dir(self.layout.sessions)
+        self.forget(session_id)
+
+    def forget(self, session_id: str) -> None:
+        """Note that the session's checkpoint file is gone."""
         self.present.discard(session_id)
+        self._turns.pop(session_id, None)

@@ -43,7 +43,9 @@ async def read_lines(
             elif nl - start > limit:
                 yield TOO_LONG
             else:
-                yield bytes(buf[start:nl])
+                with memoryview(buf) as view:  # one copy of the line, not two
+                    line = bytes(view[start:nl])
+                yield line
             start = nl + 1
             scanned = start
         if start:

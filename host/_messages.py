@@ -95,27 +95,29 @@ class Message:
         return _ENC.encode(fields)
 
 
-def parse(raw: bytes, what: str = "message") -> Message:
-    """Validate a message from the wire, or raise ``InvalidParams``."""
+def incoming_head(raw: bytes, what: str = "message") -> Head:
+    """Validate the head of a message a caller wants written, or raise ``InvalidParams``.
+
+    A display-capped copy is ``CONFLICT``. The envelope already proved ``raw`` is JSON, so
+    the rest of the message needs no second scan when only the head is used (a checkpoint).
+    """
     try:
         head = _HEAD.decode(raw)
-        fields = _FIELDS.decode(raw)
     except msgspec.ValidationError as exc:
         raise InvalidParams(f"{what}: {exc}") from None
     except msgspec.DecodeError as exc:  # pragma: no cover - the envelope was valid JSON
         raise InvalidParams(f"{what}: {exc}") from None
-    return Message(head, fields)
+    if head.capped:
+        raise Conflict(
+            f"{what} {head.id!r} is a display-capped copy and cannot be written back",
+            messageId=head.id,
+        )
+    return head
 
 
 def parse_incoming(raw: bytes, what: str = "message") -> Message:
-    """Validate a message a caller wants written: a display-capped copy is ``CONFLICT``."""
-    msg = parse(raw, what)
-    if msg.head.capped:
-        raise Conflict(
-            f"{what} {msg.id!r} is a display-capped copy and cannot be written back",
-            messageId=msg.id,
-        )
-    return msg
+    """Validate a message a caller wants written (see :func:`incoming_head`)."""
+    return Message(incoming_head(raw, what), _FIELDS.decode(raw))
 
 
 def parse_stored(line: bytes) -> Message | None:

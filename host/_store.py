@@ -316,5 +316,5 @@ class Store:
         for path in [*self.layout.session_files(session_id), self.layout.quarantine(session_id)]:
             self.fs.unlink(path)
         self.fs.fsync_dir(self.layout.sessions)
-        self.checkpoints.present.discard(session_id)
+        self.checkpoints.forget(session_id)
         shutil.rmtree(self.layout.revisions(session_id), ignore_errors=True)

@@ -17,7 +17,7 @@ from msgspec import UNSET, Raw
 from host._checkpoints import Checkpoint
 from host._errors import AgentBusy, NotFound
 from host._index import now_iso
-from host._messages import Status, parse_incoming, parse_stored
+from host._messages import Status, incoming_head, parse_incoming, parse_stored
 from host._recovery import quarantine
 from host._sessions import SessionMethods
 from host._store import OpenSession, Store
@@ -112,17 +112,19 @@ class TurnMethods:
     # -- checkpoints ----------------------------------------------------------------
 
     async def save_inflight(self, p: SaveInflightParams) -> SavedResult:
-        msg = parse_incoming(p.message)
+        head = incoming_head(p.message)
         sid = p.session_id
         async with self.store.locks.hold(sid):
             await self.store.open_session(sid)
-            if await self.store.index.lookup(sid, msg.id) is not None:
+            if await self.store.index.lookup(sid, head.id) is not None:
                 self.store.count("checkpoints.dropped_late")
                 return SavedResult(saved=False)  # a late write never resurrects a final row
-            old = self.read(sid)
-            if old is not None and old.turn_id != p.turn_id:  # never overwrite a leftover
+            old = self.checkpoints.turn_id(sid)
+            if old is None and (cp := self.read(sid)) is not None:
+                old = cp.turn_id
+            if old is not None and old != p.turn_id:  # never overwrite a leftover
                 await self._settle_leftover(sid, wait_completed=False)
-            cp = Checkpoint(sid, p.turn_id, msg.id, p.message, now_iso())
+            cp = Checkpoint(sid, p.turn_id, head.id, p.message, now_iso())
             await asyncio.to_thread(self.checkpoints.save, cp)
             self.store.count("checkpoints.saved")
             return SavedResult(saved=True)

@@ -66,7 +66,11 @@ KB = 1024
 MB = 1024 * 1024
 TIMEOUT = 600.0  # the bound of any one wait on a child process
 ECHO = (
-    "import os, sys\n"
+    "import fcntl, os, sys\n"
+    "try:\n"
+    "    fcntl.fcntl(0, fcntl.F_SETPIPE_SZ, 1 << 20)  # as wide as the host makes its stdin\n"
+    "except OSError:\n"
+    "    pass\n"
     "short = sys.argv[1:2] == ['short']\n"
     "log = os.open(sys.argv[2], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)"
     " if sys.argv[1:2] == ['durable'] else None\n"

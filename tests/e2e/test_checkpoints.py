@@ -545,3 +545,25 @@ async def test_a_finished_row_still_in_the_outbox_wins_over_a_running_turns_chec
     row = stored(data_dir, "s", "a1")
     assert (row["content"], row.get("status", "complete")) == ("The answer is 42.", "complete")
     assert not inflight(data_dir, "s").exists()
+
+
+@pytest.mark.parametrize("written_by", ["this host", "the host before a kill"])
+async def test_the_next_turns_checkpoint_settles_a_leftover_before_replacing_it(
+    start_host: StartHost, data_dir: Path, written_by: str
+) -> None:
+    # The host remembers the turn of a checkpoint it saved (no read back of a 1 MB file);
+    # one written before a restart is read from the file: either way it is never lost.
+    host = await boot(start_host)
+    c = cli(host)
+    await streaming(c, "s", "t0", prompt="u0")
+    await c.call("session.endTurn", sessionId="s", turnId="t0", status="completed")
+    await c.call("session.beginTurn", sessionId="s", turnId="t1", prompt=msg("u1"))
+    await checkpoint(c, "s", reply("a0", "the old turn's reply"), tid="t0")  # a late write
+    if written_by != "this host":
+        host = await reboot(start_host, host)
+        c = cli(host)
+    assert await checkpoint(c, "s", reply("a1", "the new turn's"), tid="t1")
+    assert json.loads(inflight(data_dir, "s").read_bytes())["turnId"] == "t1"
+    got = await get_messages(c, "s")
+    assert [m["id"] for m in got] == ["u0", "u1", "a0"]
+    assert got[2]["content"] == "the old turn's reply"

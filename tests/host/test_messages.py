@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from msgspec import Raw
 
 from host._errors import Conflict, InvalidParams
-from host._messages import display_capped, parse, parse_incoming, parse_stored
+from host._messages import display_capped, parse_incoming, parse_stored
 
 ODD = (
     b'{ "id" : "m1", "role":"assistant",  "content":"caf\\u00e9 \\ud83d\\ude00 \xe2\x82\xac",'
@@ -21,7 +21,7 @@ ODD = (
 
 
 def test_stored_line_keeps_the_callers_bytes_of_every_value() -> None:
-    line = parse(ODD).stored_line(turn_id=None, pager={})
+    line = parse_incoming(ODD).stored_line(turn_id=None, pager={})
     assert line == (
         b'{"id":"m1","role":"assistant","content":"caf\\u00e9 \\ud83d\\ude00 \xe2\x82\xac",'
         b'"n":1.50,"big":123456789012345678901234567890,"e":1E+3,'
@@ -30,13 +30,13 @@ def test_stored_line_keeps_the_callers_bytes_of_every_value() -> None:
 
 
 def test_stored_line_writes_the_turn_id() -> None:
-    m = parse(b'{"id":"a","role":"user","turnId":"old","content":"x"}')
+    m = parse_incoming(b'{"id":"a","role":"user","turnId":"old","content":"x"}')
     assert m.turn_id == "old"
     # Replaced where it stands, so the rest of the line keeps its order.
     assert m.stored_line(turn_id="t2", pager={}) == (
         b'{"id":"a","role":"user","turnId":"t2","content":"x"}'
     )
-    m = parse(b'{"id":"a","role":"user","content":"x"}')
+    m = parse_incoming(b'{"id":"a","role":"user","content":"x"}')
     assert m.stored_line(turn_id="t1", pager={}) == (
         b'{"id":"a","role":"user","content":"x","turnId":"t1"}'
     )
@@ -44,7 +44,7 @@ def test_stored_line_writes_the_turn_id() -> None:
 
 
 def test_stored_line_drops_caller_pager_fields_for_the_stored_ones() -> None:
-    m = parse(
+    m = parse_incoming(
         b'{"id":"u","role":"user","revisionRootId":"x","revisionCount":9,'
         b'"activeRevision":8,"content":"q"}'
     )
