@@ -44,15 +44,16 @@ class Checkpoints:
         self.present: set[str] = {
             name[: -len(suffix)] for name in os.listdir(layout.sessions) if name.endswith(suffix)
         }
-        self._turns: dict[str, str] = {}  # the turn id of each checkpoint read or saved here
+        self._known: dict[str, tuple[str, str]] = {}  # read or saved here: (turn, message)
 
-    def turn_id(self, session_id: str) -> str | None:
-        """The turn id of the session's checkpoint when this process has read or saved it.
+    def known(self, session_id: str) -> tuple[str, str] | None:
+        """The turn and message ids of the session's checkpoint, when this process has read
+        or saved it (``None``: no checkpoint, or one to read).
 
-        A 1 MB snapshot saved every few hundred milliseconds need not read the last one
-        back (and scan it) to learn whose turn it belongs to.
+        A 1 MB snapshot saved every few hundred milliseconds, with appends between, need
+        not be read back (and scanned) to learn whose turn and message it holds.
         """
-        return self._turns.get(session_id)
+        return self._known.get(session_id)
 
     def read(self, session_id: str) -> Checkpoint | None:
         """Return the session's checkpoint; ``ValueError`` when the file is corrupt."""
@@ -68,7 +69,7 @@ class Checkpoints:
             cp = _DEC.decode(data)
         except msgspec.MsgspecError as exc:
             raise ValueError(f"corrupt checkpoint: {exc}") from None
-        self._turns[session_id] = cp.turn_id
+        self._known[session_id] = cp.turn_id, cp.message_id
         return cp
 
     def read_raw(self, session_id: str) -> bytes:
@@ -78,10 +79,10 @@ class Checkpoints:
 
     def save(self, cp: Checkpoint) -> None:
         """Replace the session's checkpoint atomically."""
-        self._turns.pop(cp.session_id, None)  # a failed replace may leave either file
+        self._known.pop(cp.session_id, None)  # a failed replace may leave either file
         self.fs.write_atomic(self.layout.inflight(cp.session_id), _ENC.encode(cp))
         self.present.add(cp.session_id)
-        self._turns[cp.session_id] = cp.turn_id
+        self._known[cp.session_id] = cp.turn_id, cp.message_id
 
     def remove(self, session_id: str) -> None:
         """Remove the session's checkpoint durably.
@@ -96,4 +97,4 @@ class Checkpoints:
     def forget(self, session_id: str) -> None:
         """Note that the session's checkpoint file is gone."""
         self.present.discard(session_id)
-        self._turns.pop(session_id, None)
+        self._known.pop(session_id, None)
