@@ -47,7 +47,9 @@ schema: $(STAMP)
 	$(BIN)/python scripts/gen_schema.py
 	$(BIN)/python scripts/gen_protocol_doc.py
 
+# The bench's peer (LangGraph's AsyncSqliteSaver) is an extra: `make test` never needs it.
 bench: $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[bench]'
 	$(BIN)/python scripts/bench.py
 
 chaos: $(STAMP)
