@@ -48,8 +48,11 @@ schema: $(STAMP)
 	$(BIN)/python scripts/gen_protocol_doc.py
 
 # The bench's peer (LangGraph's AsyncSqliteSaver) is an extra: `make test` never needs it.
-bench: $(STAMP)
+$(VENV)/.bench-installed: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[bench]'
+	touch $@
+
+bench: $(VENV)/.bench-installed
 	$(BIN)/python scripts/bench.py
 
 chaos: $(STAMP)

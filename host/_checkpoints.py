@@ -46,13 +46,15 @@ class Checkpoints:
         }
         self._known: dict[str, tuple[str, str]] = {}  # read or saved here: (turn, message)
 
-    def known(self, session_id: str) -> tuple[str, str] | None:
-        """The turn and message ids of the session's checkpoint, when this process has read
-        or saved it (``None``: no checkpoint, or one to read).
+    def ids(self, session_id: str) -> tuple[str, str] | None:
+        """The (turn id, message id) of the session's checkpoint; ``ValueError`` when corrupt.
 
-        A 1 MB snapshot saved every few hundred milliseconds, with appends between, need
-        not be read back (and scanned) to learn whose turn and message it holds.
+        Read from the file only the first time: a 1 MB snapshot saved every few hundred
+        milliseconds, with appends between, need not be read back (and scanned) to learn
+        whose turn and message it holds.
         """
+        if session_id not in self._known:
+            self.read(session_id)
         return self._known.get(session_id)
 
     def read(self, session_id: str) -> Checkpoint | None:

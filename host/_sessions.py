@@ -211,16 +211,11 @@ class SessionMethods:
         cps = self.store.checkpoints
         if s.session_id not in cps.present:
             return
-        known = cps.known(s.session_id)
-        if known is None:
-            try:
-                cp = cps.read(s.session_id)
-            except ValueError:
-                return  # a corrupt checkpoint is quarantined by its settlement, not here
-            if cp is None:
-                return
-            known = cp.turn_id, cp.message_id
-        if known[1] == message_id:
+        try:
+            ids = cps.ids(s.session_id)
+        except ValueError:
+            return  # a corrupt checkpoint is quarantined by its settlement, not here
+        if ids is not None and ids[1] == message_id:
             await asyncio.to_thread(cps.remove, s.session_id)
 
     async def update_message(self, p: UpdateParams) -> LineResult:

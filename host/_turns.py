@@ -119,9 +119,11 @@ class TurnMethods:
             if await self.store.index.lookup(sid, head.id) is not None:
                 self.store.count("checkpoints.dropped_late")
                 return SavedResult(saved=False)  # a late write never resurrects a final row
-            old = self.checkpoints.known(sid)
-            if old is None and (cp := self.read(sid)) is not None:
-                old = cp.turn_id, cp.message_id
+            try:
+                old = self.checkpoints.ids(sid)
+            except ValueError:
+                self.read(sid)  # quarantines the corrupt file
+                old = None
             if old is not None and old[0] != p.turn_id:  # never overwrite a leftover
                 await self._settle_leftover(sid, wait_completed=False)
             cp = Checkpoint(sid, p.turn_id, head.id, p.message, now_iso())

@@ -551,7 +551,7 @@ async def test_a_finished_row_still_in_the_outbox_wins_over_a_running_turns_chec
 async def test_the_next_turns_checkpoint_settles_a_leftover_before_replacing_it(
     start_host: StartHost, data_dir: Path, written_by: str
 ) -> None:
-    # The host remembers the turn of a checkpoint it saved (no read back of a 1 MB file);
+    # The host remembers whose turn a checkpoint it saved is (no read back of a 1 MB file);
     # one written before a restart is read from the file: either way it is never lost.
     host = await boot(start_host)
     c = cli(host)
