@@ -312,6 +312,7 @@ class Connection:
 
     def _ended(self, call: CallState, task: asyncio.Future[Any]) -> None:
         call.ran()
+        call.task = None  # the task's context holds the call: no cycle left for the GC
         self.tasks.discard(task)
 
     def _spawn_send(self, body: bytes) -> None:

