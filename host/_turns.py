@@ -116,7 +116,7 @@ class TurnMethods:
         sid = p.session_id
         async with self.store.locks.hold(sid):
             await self.store.open_session(sid)
-            if await self.store.index.lookup(sid, head.id) is not None:
+            if self.store.index.lookup_now(sid, [head.id]):  # no thread hop per snapshot
                 self.store.count("checkpoints.dropped_late")
                 return SavedResult(saved=False)  # a late write never resurrects a final row
             try:
