@@ -241,9 +241,9 @@ class Store:
                 await asyncio.to_thread(s.transcript.write, data)
             else:
                 s.transcript.write(data)
+            stamp = s.transcript.stamp()  # an fsync changes no part of it: taken while warm
             await self.fsyncs.sync(s.transcript, big=big)
             self.count("fsyncs")
-            stamp = s.transcript.stamp()
             count = s.line_count + len(lines)
             if not defer_index:
                 await self.index.append(s.session_id, rows, stamp, count, now_iso())
