@@ -60,12 +60,8 @@ GC_THRESHOLDS = (5000, 50, 10)
 def tune_gc() -> None:
     """Collect what start-up left, freeze the survivors, and collect the young less often.
 
-    A call in flight holds ~22 objects the collector tracks (its task, coroutines, lock
-    ticket, message); under the default thresholds a 3,000-append backlog ran ~115 young,
-    ~10 middle and a full collection over every object start-up had made, ~40 ms of a
-    ~150 ms backlog. Frozen start-up objects are never scanned again, and a young
-    threshold of 5,000 lets most calls end before a collection sees them: ~10 ms. Cyclic
-    garbage waits for at most 5,000 new objects, a few hundred KB.
+    Frozen start-up objects are never scanned again, and most calls of a backlog end
+    before a young collection sees them (docs/design.md, "The cycle collector").
     """
     gc.collect()
     gc.freeze()
