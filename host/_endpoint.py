@@ -118,7 +118,8 @@ class Connection:
         if not line.strip():
             return  # blank lines between messages are tolerated
         try:
-            line.decode("utf-8")  # msgspec does not check UTF-8 inside raw values
+            if not line.isascii():  # no copy for the usual case
+                line.decode("utf-8")  # msgspec does not check UTF-8 inside raw values
         except UnicodeDecodeError as exc:
             self._spawn_send(_error(None, ParseError(f"parse error: {exc}").to_object()))
             return
@@ -159,7 +160,7 @@ class Connection:
         if env.jsonrpc != "2.0":
             return _error(rid, InvalidRequest('"jsonrpc" must be "2.0"').to_object())
         method = env.method
-        params_raw = bytes(env.params) if env.params is not UNSET else b"{}"
+        params_raw = b"{}" if env.params is UNSET else env.params  # decoded in place
         try:
             if not self.handshaken and method != "handshake":
                 raise NotHandshaken(f"{method}: handshake first")
@@ -206,7 +207,7 @@ class Connection:
             methods=sorted({*self.handlers, "handshake", "$/cancelRequest"}),
         )
 
-    def _cancel(self, params_raw: bytes) -> None:
+    def _cancel(self, params_raw: Raw | bytes) -> None:
         try:
             rid = CANCEL.decode(params_raw).id
         except msgspec.MsgspecError:

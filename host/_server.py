@@ -22,7 +22,7 @@ import sys
 from typing import Any
 
 from host._endpoint import Connection
-from host._framing import CHUNK, read_lines
+from host._framing import CHUNK, LineReader
 from host._fs import DIR_MODE, FILE_MODE
 from host._service import Host
 
@@ -68,26 +68,16 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-async def _pump(reader: asyncio.StreamReader, conn: Connection) -> None:
-    async for line in read_lines(reader):
-        conn.feed(line)
-
-
-async def serve_connection(host: Host, reader: asyncio.StreamReader, writer: Any) -> None:
+async def serve_connection(host: Host, lines: LineReader, conn: Connection, writer: Any) -> None:
     """Serve one connection until end of input or shutdown, then finish its calls."""
-    conn = Connection(host.handlers, host.stats, writer)
-    pump = asyncio.create_task(_pump(reader, conn))
+    ended = asyncio.create_task(lines.ended.wait())
     stop = asyncio.create_task(host.shutdown_requested.wait())
     try:
-        await asyncio.wait({pump, stop}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({ended, stop}, return_when=asyncio.FIRST_COMPLETED)
     finally:
+        ended.cancel()
         stop.cancel()
-        if not pump.done():
-            pump.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await pump
-        if not pump.cancelled() and pump.exception() is not None:
-            log.error("connection reader failed: %r", pump.exception())
+        lines.stop()
         await conn.finish()
         with contextlib.suppress(ConnectionError, RuntimeError):
             writer.close()
@@ -122,11 +112,11 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def _feed_from_file(loop: asyncio.AbstractEventLoop, reader: asyncio.StreamReader) -> None:
+def _feed_from_file(loop: asyncio.AbstractEventLoop, lines: LineReader) -> None:
     """Read a stdin that is a regular file in a thread (no pipe transport for files)."""
     while chunk := os.read(0, CHUNK):
-        loop.call_soon_threadsafe(reader.feed_data, chunk)
-    loop.call_soon_threadsafe(reader.feed_eof)
+        loop.call_soon_threadsafe(lines.data_received, chunk)
+    loop.call_soon_threadsafe(lines.eof_received)
 
 
 def _widen_pipe(fd: int) -> None:
@@ -143,13 +133,6 @@ def _widen_pipe(fd: int) -> None:
 async def serve_stdio(host: Host) -> None:
     """Serve the one connection on stdin/stdout (pipes, sockets, ttys or plain files)."""
     loop = asyncio.get_running_loop()
-    _widen_pipe(sys.stdin.fileno())
-    reader = asyncio.StreamReader(limit=2 * CHUNK)
-    feeder = None
-    try:
-        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin.buffer)
-    except ValueError:
-        feeder = loop.run_in_executor(None, _feed_from_file, loop, reader)
     writer: Any
     try:
         transport, protocol = await loop.connect_write_pipe(
@@ -158,9 +141,65 @@ async def serve_stdio(host: Host) -> None:
         writer = asyncio.StreamWriter(transport, protocol, None, loop)
     except ValueError:
         writer = _FileWriter(sys.stdout.fileno())
-    await serve_connection(host, reader, writer)
+    conn = Connection(host.handlers, host.stats, writer)
+    lines = LineReader(conn.feed)
+    _widen_pipe(sys.stdin.fileno())
+    feeder = None
+    try:
+        await loop.connect_read_pipe(lambda: lines, sys.stdin.buffer)
+    except ValueError:
+        feeder = loop.run_in_executor(None, _feed_from_file, loop, lines)
+    await serve_connection(host, lines, conn, writer)
     if feeder is not None:
         feeder.cancel()
+
+
+class _Client(LineReader):
+    """One socket client: its lines go to its connection, which answers through it."""
+
+    def __init__(self, host: Host, clients: set[asyncio.Task[None]]) -> None:
+        super().__init__()
+        self.host = host
+        self.clients = clients
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self._gone = asyncio.Event()
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        conn = Connection(self.host.handlers, self.host.stats, self)
+        self.on_line = conn.feed  # before the first read, which may come in this pass
+        task = asyncio.get_running_loop().create_task(serve_connection(self.host, self, conn, self))
+        self.clients.add(task)
+        task.add_done_callback(self.clients.discard)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self._gone.set()
+        self._writable.set()  # wake the drains, to fail
+
+    def pause_writing(self) -> None:
+        self._writable.clear()
+
+    def resume_writing(self) -> None:
+        self._writable.set()
+
+    # -- the writer its connection answers through ------------------------------------
+
+    def write(self, data: bytes) -> None:
+        self.transport.write(data)
+
+    async def drain(self) -> None:
+        """Wait while the client reads too slowly; ``ConnectionResetError`` once it is gone."""
+        await self._writable.wait()
+        if self._gone.is_set():
+            raise ConnectionResetError("the client went away")
+
+    def close(self) -> None:
+        self.transport.close()
+
+    async def wait_closed(self) -> None:
+        await self._gone.wait()
 
 
 def _clear_stale_socket(path: str) -> None:
@@ -186,19 +225,11 @@ async def serve_socket(host: Host, path: str) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), mode=DIR_MODE, exist_ok=True)
     _clear_stale_socket(path)
     clients: set[asyncio.Task[None]] = set()
-
-    async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        clients.add(task)
-        try:
-            await serve_connection(host, reader, writer)
-        finally:
-            clients.discard(task)
-
     old = os.umask(0o177)
     try:
-        server = await asyncio.start_unix_server(on_client, path, limit=2 * CHUNK)
+        server = await asyncio.get_running_loop().create_unix_server(
+            lambda: _Client(host, clients), path
+        )
     finally:
         os.umask(old)
     os.chmod(path, 0o600)

@@ -4,86 +4,109 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
+import socket
 from collections.abc import Iterable
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from host._framing import CHUNK, TOO_LONG, read_lines
+from host._framing import CHUNK, ROOM, TOO_LONG, LineReader
+
+MODES = ["get_buffer", "data_received"]
 
 
-class Chunks:
-    """The transport edge: a reader that returns exactly the chunks it was given."""
-
-    def __init__(self, chunks: Iterable[bytes]) -> None:
-        self.chunks = [c for c in chunks if c]
-        self.reads = 0
-
-    async def read(self, n: int) -> bytes:
-        assert n > 0
-        self.reads += 1
-        if not self.chunks:
-            return b""
-        chunk = self.chunks.pop(0)
-        assert len(chunk) <= n
-        return chunk
+def _read_into(reader: LineReader, chunk: bytes) -> None:
+    """What uvloop and asyncio's sockets do: read into the protocol's buffer, then tell it."""
+    view = memoryview(chunk)
+    while view:
+        with reader.get_buffer(-1) as room:
+            n = min(len(room), len(view))
+            room[:n] = view[:n]
+        view = view[n:]
+        reader.buffer_updated(n)
 
 
-async def _collect(reader: object, limit: int) -> list[object]:
-    return [line async for line in read_lines(reader, limit)]  # type: ignore[arg-type]
+def _collect(chunks: Iterable[bytes], limit: int, mode: str = "get_buffer") -> list[object]:
+    """The transport edge: feed ``chunks`` as reads, then end of input."""
+    got: list[object] = []
+    reader = LineReader(got.append, limit)
+    for chunk in chunks:
+        if mode == "get_buffer":
+            _read_into(reader, chunk)
+        else:
+            reader.data_received(chunk)
+    assert not reader.ended.is_set()
+    reader.eof_received()
+    assert reader.ended.is_set()
+    return got
 
 
-def _stream_reader(data: bytes) -> asyncio.StreamReader:
-    reader = asyncio.StreamReader(limit=2 * CHUNK)
-    reader.feed_data(data)
-    reader.feed_eof()
-    return reader
-
-
-async def test_lines_split_across_real_stream_reads() -> None:
-    # 300,000-byte lines: the host reads 1 MiB at a time, so lines straddle the reads.
-    lines = [bytes([65 + i]) * 300_000 for i in range(9)]
-    data = b"\n".join(lines) + b"\n"
-    assert len(data) > 2 * CHUNK
-    assert await _collect(_stream_reader(data), limit=1 << 26) == lines
-
-
-async def test_lines_split_at_every_possible_point() -> None:
+@pytest.mark.parametrize("mode", MODES)
+def test_lines_split_at_every_possible_point(mode: str) -> None:
     data = b'{"a":1}\n\n{"b":2}\r\nlast'
     expected = [b'{"a":1}', b"", b'{"b":2}\r', b"last"]
     for cut in range(len(data) + 1):
-        got = await _collect(Chunks([data[:cut], data[cut:]]), limit=100)
-        assert got == expected, cut
-    one_by_one = await _collect(Chunks([data[i : i + 1] for i in range(len(data))]), limit=100)
-    assert one_by_one == expected
+        assert _collect([data[:cut], data[cut:]], 100, mode) == expected, cut
+    one_by_one = [data[i : i + 1] for i in range(len(data))]
+    assert _collect(one_by_one, 100, mode) == expected
 
 
-async def test_a_line_over_the_limit_is_read_through_and_the_next_is_served() -> None:
+@pytest.mark.parametrize("mode", MODES)
+def test_a_line_over_the_limit_is_read_through_and_the_next_is_served(mode: str) -> None:
     chunks = [b"short\n", b"x" * 7, b"x" * 7, b"x" * 7, b"\nok\n", b"y" * 11, b"\n", b"z\n"]
-    got = await _collect(Chunks(chunks), limit=10)
-    assert got == [b"short", TOO_LONG, b"ok", TOO_LONG, b"z"]
+    assert _collect(chunks, 10, mode) == [b"short", TOO_LONG, b"ok", TOO_LONG, b"z"]
 
 
-async def test_the_limit_is_inclusive() -> None:
-    got = await _collect(Chunks([b"x" * 10 + b"\n" + b"y" * 11 + b"\n"]), limit=10)
+@pytest.mark.parametrize("mode", MODES)
+def test_the_limit_is_inclusive(mode: str) -> None:
+    got = _collect([b"x" * 10 + b"\n" + b"y" * 11 + b"\n"], 10, mode)
     assert got == [b"x" * 10, TOO_LONG]
-    got = await _collect(Chunks([b"x" * 5, b"x" * 5, b"\n", b"y" * 6, b"y" * 5, b"\n"]), limit=10)
+    got = _collect([b"x" * 5, b"x" * 5, b"\n", b"y" * 6, b"y" * 5, b"\n"], 10, mode)
     assert got == [b"x" * 10, TOO_LONG]
 
 
-async def test_an_over_limit_line_spanning_many_reads_counts_once() -> None:
-    chunks = [b"a" * 4] * 1000 + [b"\n", b"b\n"]
-    reader = Chunks(chunks)
-    assert await _collect(reader, limit=16) == [TOO_LONG, b"b"]
-    assert reader.reads == len(chunks) + 1  # read through to the end, then end of input
+def test_an_over_limit_line_spanning_many_reads_counts_once_and_is_not_held() -> None:
+    got: list[object] = []
+    limit = 3 * ROOM
+    reader = LineReader(got.append, limit)
+    for _ in range(200):  # 200 reads of 64 KiB: 12.8 MiB of one line
+        _read_into(reader, b"a" * ROOM)
+        with reader.get_buffer(-1) as room:
+            held = len(room.obj)  # type: ignore[arg-type]
+        assert held <= CHUNK + limit + ROOM  # what the connection holds stays bounded
+    _read_into(reader, b"\nb\n")
+    assert got == [TOO_LONG, b"b"]
 
 
-async def test_the_last_unterminated_line_counts() -> None:
-    assert await _collect(Chunks([b"a\nb", b"c"]), limit=10) == [b"a", b"bc"]
-    assert await _collect(Chunks([b"a\n", b"z" * 30]), limit=10) == [b"a", TOO_LONG]
-    assert await _collect(Chunks([b"a\n"]), limit=10) == [b"a"]
-    assert await _collect(Chunks([]), limit=10) == []
-    assert await _collect(_stream_reader(b"\n"), limit=10) == [b""]
+@pytest.mark.parametrize("mode", MODES)
+def test_the_last_unterminated_line_counts(mode: str) -> None:
+    assert _collect([b"a\nb", b"c"], 10, mode) == [b"a", b"bc"]
+    assert _collect([b"a\n", b"z" * 30], 10, mode) == [b"a", TOO_LONG]
+    assert _collect([b"a\n"], 10, mode) == [b"a"]
+    assert _collect([], 10, mode) == []
+    assert _collect([b"\n"], 10, mode) == [b""]
+
+
+def test_a_big_buffer_is_let_go_after_its_line() -> None:
+    got: list[object] = []
+    reader = LineReader(got.append)
+    _read_into(reader, b"x" * (8 * CHUNK) + b"\n")
+    _read_into(reader, b"y\n")
+    assert got == [b"x" * (8 * CHUNK), b"y"]
+    with reader.get_buffer(-1) as room:
+        assert len(room.obj) == CHUNK  # type: ignore[arg-type]
+
+
+def test_after_stop_nothing_more_is_handed_on() -> None:
+    got: list[object] = []
+    reader = LineReader(got.append, 100)
+    _read_into(reader, b"a\nb")
+    reader.stop()
+    _read_into(reader, b"\nc\n")
+    reader.eof_received()
+    assert got == [b"a"]
 
 
 @settings(max_examples=200, deadline=None)
@@ -92,9 +115,10 @@ async def test_the_last_unterminated_line_counts() -> None:
     cuts=st.lists(st.integers(min_value=0, max_value=600), max_size=12),
     terminated=st.booleans(),
     limit=st.integers(min_value=1, max_value=30),
+    mode=st.sampled_from(MODES),
 )
 def test_any_chunking_gives_the_same_lines(
-    lines: list[bytes], cuts: list[int], terminated: bool, limit: int
+    lines: list[bytes], cuts: list[int], terminated: bool, limit: int, mode: str
 ) -> None:
     data = b"\n".join(lines) + (b"\n" if terminated and lines else b"")
     points = sorted({min(c, len(data)) for c in cuts} | {0, len(data)})
@@ -102,5 +126,49 @@ def test_any_chunking_gives_the_same_lines(
     expected: list[object] = [line if len(line) <= limit else TOO_LONG for line in lines]
     if lines and not terminated and lines[-1] == b"":
         expected.pop()  # "a\n" then nothing: no last line
-    got = asyncio.run(_collect(Chunks(chunks), limit))
-    assert got == expected
+    assert _collect(chunks, limit, mode) == expected
+
+
+# -- through real transports -----------------------------------------------------------
+
+LINES = [bytes([65 + i]) * 300_000 for i in range(9)]  # lines straddle every read
+DATA = b"\n".join(LINES) + b"\n"
+
+
+async def test_lines_through_a_real_pipe() -> None:
+    got: list[object] = []
+    reader = LineReader(got.append)
+    r, w = os.pipe()
+    loop = asyncio.get_running_loop()
+    with open(r, "rb", buffering=0) as pipe_in:
+        transport, _ = await loop.connect_read_pipe(lambda: reader, pipe_in)
+        writing = asyncio.create_task(asyncio.to_thread(_write_and_close, w, DATA))
+        await reader.ended.wait()
+        await writing
+        transport.close()
+    assert got == LINES
+
+
+async def test_lines_through_a_real_socket() -> None:
+    got: list[object] = []
+    reader = LineReader(got.append)
+    ours, theirs = socket.socketpair()
+    transport, _ = await asyncio.get_running_loop().connect_accepted_socket(lambda: reader, ours)
+    writing = asyncio.create_task(asyncio.to_thread(_send_and_shut, theirs, DATA))
+    await reader.ended.wait()
+    await writing
+    transport.close()
+    theirs.close()
+    assert got == LINES
+
+
+def _write_and_close(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    os.close(fd)
+
+
+def _send_and_shut(sock: socket.socket, data: bytes) -> None:
+    sock.sendall(data)
+    sock.shutdown(socket.SHUT_WR)
