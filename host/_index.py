@@ -426,6 +426,14 @@ class Index:
         )
         return str(rows[0][0]) if rows else None
 
+    async def has_prompt(self, session_id: str, turn_id: str) -> bool:
+        """Whether a user message of the turn is stored."""
+        rows = await self._fetch(
+            "SELECT 1 FROM messages WHERE session_id = ? AND turn_id = ? AND role = 'user' LIMIT 1",
+            (session_id, turn_id),
+        )
+        return bool(rows)
+
     async def running_turn(self, session_id: str) -> str | None:
         """Return the id of the session's running turn, if any."""
         rows = await self._fetch(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from msgspec import Raw
+from msgspec import UNSET, Raw
 
 from host._checkpoints import Checkpoint
 from host._errors import AgentBusy, NotFound
@@ -53,12 +53,13 @@ class TurnMethods:
             s = await self.store.open_session(sid)
             index = self.store.index
             if await index.turn(sid, tid) is not None:  # the same turn again: a no-op ...
-                if prompt is None:
-                    return BeginTurnResult(turn_id=tid)
-                # ... but for its prompt, stored unless it is: a first call that died
-                # between its turn row and its prompt must not make the retry a lie.
-                line, _ = await self.sessions.append_locked(s, prompt, tid)
-                return BeginTurnResult(turn_id=tid, line=line)
+                row = await index.lookup(sid, prompt.id) if prompt else None
+                if prompt is not None and row is None and not await index.has_prompt(sid, tid):
+                    # ... unless its turn has no prompt: the first call died between its
+                    # turn row and its prompt, and answering the retry as a no-op would lie.
+                    line, _ = await self.sessions.append_locked(s, prompt, tid)
+                    return BeginTurnResult(turn_id=tid, line=line)
+                return BeginTurnResult(turn_id=tid, line=row.line if row else UNSET)
             running = await index.running_turn(sid)
             if running is not None:
                 raise AgentBusy(f"turn {running!r} is running in session {sid!r}", turnId=running)

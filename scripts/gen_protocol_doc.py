@@ -398,12 +398,13 @@ read and the write inside one hold of the lock instead:
   overwriting it. A reader that skips the connect sequence sees the prompt without the
   partial reply until then.
 
-- `session.beginTurn` with a `turnId` that exists in any state (even ended) changes the turn
-  in no way, but a prompt it carries is stored unless it already is (PROTOCOL.md says "a
-  no-op"), and `line` is the prompt's line. The turn row is committed before the prompt is
-  written, so a first call that dies between the two leaves the turn without its prompt
-  (an aborted turn after the restart): its retry must store the prompt, not answer as if
-  it had. If appending the prompt of a new turn fails, the turn record is removed again.
+- `session.beginTurn` with a `turnId` that exists in any state (even ended) is a no-op; its
+  `line` is the prompt's line when the call carries a prompt that is stored. One departure
+  from PROTOCOL.md's "a no-op": when the turn has no user message stored, the prompt the
+  call carries is stored. The turn row is committed before the prompt is written, so a
+  first call that dies between the two leaves the turn without its prompt (an aborted turn
+  after the restart), and its retry must store the prompt, not answer as if it had. If
+  appending the prompt of a new turn fails, the turn record is removed again.
 - `session.endTurn` of an unknown turn is `NOT_FOUND` (`kind: "turn"`); of an ended turn it
   answers the stored `status` with `recovered: false`.
 - A corrupt checkpoint file is quarantined (to `<id>.jsonl.quarantine`, line `-1`) and
@@ -508,7 +509,7 @@ fields. `count` is the new number of lines; an empty array empties the transcrip
 Under the lock: opens a `running` turn and appends the user `prompt`, if given, directly (not
 through the outbox), with the turn's id as its `turnId`; `line` is the prompt's line.
 `AGENT_BUSY` (`data.turnId`) when another turn of the session is running; the same `turnId`
-again only stores its prompt if that is not stored yet
+again is a no-op, unless that turn has no prompt stored
 (see [Departures](#turns-checkpoints-and-revisions)).""",
     "session.endTurn": """\
 Under the lock, ends a running turn with `status` `completed`, `error` or `aborted`:
