@@ -19,6 +19,7 @@ see every answered append. A batch that fails to commit marks its sessions
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import datetime as dt
 import logging
@@ -162,6 +163,10 @@ FLUSH_DELAY = 0.05
 """Seconds queued rows wait for more to share their commit (a read does not wait)."""
 FLUSH_ROWS = 4096
 """Queued rows that start a commit at once."""
+KNOWN_IDS = 100_000
+"""Committed ids kept in memory for dedup, over all sessions (about 12 MB at most)."""
+KNOWN_SESSION = 20_000
+"""A session with more rows than this is looked up in SQLite each time."""
 
 
 class _Queued(NamedTuple):
@@ -186,6 +191,12 @@ class Index:
         self._queued = 0  # batches of rows ever queued ...
         self._committed = 0  # ... and how many of them are through (committed or given up)
         self._fresh: dict[str, dict[str, int]] = {}  # queued rows: session -> {id: line}
+        # Every committed row of recently appended sessions: session -> {id: line}, least
+        # recently used first. _commit adds what it commits; every other write of the
+        # messages table drops its session (_rows_changed), after its transaction.
+        self._known: collections.OrderedDict[str, dict[str, int]] = collections.OrderedDict()
+        self._known_count = 0
+        self._too_big: set[str] = set()
         self._queued_rows = 0
         self._flusher: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -333,12 +344,23 @@ class Index:
                 [(q.session_id, *r) for q in batch for r in q.rows],
             )
             await db.executemany(_SET_FILE, [_file_params(q, now) for q in last.values()])
+        for q in batch:  # committed: known from now on
+            known = self._known.get(q.session_id)
+            if known is not None:
+                before = len(known)
+                known.update((r.message_id, r.line) for r in q.rows)
+                self._known_count += len(known) - before
+        self._evict()
 
     def lookup_now(self, session_id: str, message_ids: Sequence[str]) -> dict[str, int]:
         """Return ``{message_id: line}`` of those stored, queued rows included; no await."""
         fresh = self._fresh.get(session_id)
         found = {m: fresh[m] for m in message_ids if m in fresh} if fresh else {}
         rest = [m for m in dict.fromkeys(message_ids) if m not in found]
+        known = self._known_ids(session_id) if rest else None
+        if known is not None:
+            found.update((m, known[m]) for m in rest if m in known)
+            return found
         assert self._reader is not None
         for i in range(0, len(rest), 500):
             part = rest[i : i + 500]
@@ -346,6 +368,37 @@ class Index:
             marks = "?" if len(part) == 1 else ",".join("?" * len(part))
             found.update(self._reader.execute(_LOOKUP % marks, (session_id, *part)).fetchall())
         return found
+
+    def _known_ids(self, session_id: str) -> dict[str, int] | None:
+        """The session's committed ``{id: line}``, read once; ``None`` for a big session."""
+        known = self._known.get(session_id)
+        if known is not None:
+            self._known.move_to_end(session_id)
+            return known
+        if session_id in self._too_big:
+            return None
+        assert self._reader is not None
+        self.fs.sqlite("read")
+        rows = self._reader.execute(_KNOWN, (session_id, KNOWN_SESSION + 1)).fetchall()
+        if len(rows) > KNOWN_SESSION:
+            self._too_big.add(session_id)
+            return None
+        known = self._known[session_id] = dict(rows)
+        self._known_count += len(known)
+        self._evict()
+        return known
+
+    def _evict(self) -> None:
+        while self._known_count > KNOWN_IDS and len(self._known) > 1:
+            _, gone = self._known.popitem(last=False)
+            self._known_count -= len(gone)
+
+    def _rows_changed(self, session_id: str) -> None:
+        """Forget what is known of a session's rows (after a write other than an append)."""
+        gone = self._known.pop(session_id, None)
+        if gone is not None:
+            self._known_count -= len(gone)
+        self._too_big.discard(session_id)
 
     # -- transactions ---------------------------------------------------------------
 
@@ -510,26 +563,32 @@ class Index:
 
     async def delete_session(self, session_id: str) -> None:
         """Remove a session and all its rows and turns."""
-        async with self.transaction() as db:
-            for table in ("messages", "turns", "sessions"):
-                await db.execute(f"DELETE FROM {table} WHERE session_id = ?", (session_id,))
+        try:
+            async with self.transaction() as db:
+                for table in ("messages", "turns", "sessions"):
+                    await db.execute(f"DELETE FROM {table} WHERE session_id = ?", (session_id,))
+        finally:
+            self._rows_changed(session_id)
 
     async def update_line(
         self, session_id: str, row: Row, delta: int, stamp: FileStamp, line_count: int, now: str
     ) -> None:
         """Record one rewritten line; the lines after it move by ``delta`` bytes."""
-        async with self.transaction() as db:
-            if delta:
+        try:
+            async with self.transaction() as db:
+                if delta:
+                    await db.execute(
+                        "UPDATE messages SET offset = offset + ? WHERE session_id = ? AND line > ?",
+                        (delta, session_id, row.line),
+                    )
                 await db.execute(
-                    "UPDATE messages SET offset = offset + ? WHERE session_id = ? AND line > ?",
-                    (delta, session_id, row.line),
+                    "UPDATE messages SET message_id = ?, offset = ?, length = ?, role = ?,"
+                    " turn_id = ?, status = ?, pager = ? WHERE session_id = ? AND line = ?",
+                    (*row[1:], session_id, row.line),
                 )
-            await db.execute(
-                "UPDATE messages SET message_id = ?, offset = ?, length = ?, role = ?,"
-                " turn_id = ?, status = ?, pager = ? WHERE session_id = ? AND line = ?",
-                (*row[1:], session_id, row.line),
-            )
-            await _set_file(db, session_id, stamp, line_count, now)
+                await _set_file(db, session_id, stamp, line_count, now)
+        finally:
+            self._rows_changed(session_id)
 
     async def replace_rows(
         self,
@@ -541,15 +600,19 @@ class Index:
         keep_from: int = 0,
     ) -> None:
         """Replace the session's rows from line ``keep_from`` on (all of them by default)."""
-        async with self.transaction() as db:
-            await db.execute(
-                "DELETE FROM messages WHERE session_id = ? AND line >= ?", (session_id, keep_from)
-            )
-            await db.executemany(
-                "INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [(session_id, *r) for r in rows],
-            )
-            await _set_file(db, session_id, stamp, line_count, now)
+        try:
+            async with self.transaction() as db:
+                await db.execute(
+                    "DELETE FROM messages WHERE session_id = ? AND line >= ?",
+                    (session_id, keep_from),
+                )
+                await db.executemany(
+                    "INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [(session_id, *r) for r in rows],
+                )
+                await _set_file(db, session_id, stamp, line_count, now)
+        finally:
+            self._rows_changed(session_id)
 
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         """Run one write statement in its own transaction; return the rows it changed."""
@@ -559,6 +622,7 @@ class Index:
 
 
 _LOOKUP = "SELECT message_id, line FROM messages WHERE session_id = ? AND message_id IN (%s)"
+_KNOWN = "SELECT message_id, line FROM messages WHERE session_id = ? LIMIT ?"
 _SET_FILE = (
     "UPDATE sessions SET line_count = ?, byte_size = ?, file_ino = ?, file_mtime_ns = ?,"
     " updated_at = ? WHERE session_id = ?"
