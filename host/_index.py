@@ -193,7 +193,7 @@ class Index:
         self._fresh: dict[str, dict[str, int]] = {}  # queued rows: session -> {id: line}
         # Every committed row of recently appended sessions: session -> {id: line}, least
         # recently used first. _commit adds what it commits; every other write of the
-        # messages table drops its session (_rows_changed), after its transaction.
+        # messages table drops its session after its transaction (_rows_transaction).
         self._known: collections.OrderedDict[str, dict[str, int]] = collections.OrderedDict()
         self._known_count = 0
         self._too_big: set[str] = set()
@@ -393,12 +393,17 @@ class Index:
             _, gone = self._known.popitem(last=False)
             self._known_count -= len(gone)
 
-    def _rows_changed(self, session_id: str) -> None:
-        """Forget what is known of a session's rows (after a write other than an append)."""
-        gone = self._known.pop(session_id, None)
-        if gone is not None:
-            self._known_count -= len(gone)
-        self._too_big.discard(session_id)
+    @contextlib.asynccontextmanager
+    async def _rows_transaction(self, session_id: str) -> AsyncIterator[aiosqlite.Connection]:
+        """A transaction that changes a session's rows; what is known of them is dropped after."""
+        try:
+            async with self.transaction() as db:
+                yield db
+        finally:
+            gone = self._known.pop(session_id, None)
+            if gone is not None:
+                self._known_count -= len(gone)
+            self._too_big.discard(session_id)
 
     # -- transactions ---------------------------------------------------------------
 
@@ -563,32 +568,26 @@ class Index:
 
     async def delete_session(self, session_id: str) -> None:
         """Remove a session and all its rows and turns."""
-        try:
-            async with self.transaction() as db:
-                for table in ("messages", "turns", "sessions"):
-                    await db.execute(f"DELETE FROM {table} WHERE session_id = ?", (session_id,))
-        finally:
-            self._rows_changed(session_id)
+        async with self._rows_transaction(session_id) as db:
+            for table in ("messages", "turns", "sessions"):
+                await db.execute(f"DELETE FROM {table} WHERE session_id = ?", (session_id,))
 
     async def update_line(
         self, session_id: str, row: Row, delta: int, stamp: FileStamp, line_count: int, now: str
     ) -> None:
         """Record one rewritten line; the lines after it move by ``delta`` bytes."""
-        try:
-            async with self.transaction() as db:
-                if delta:
-                    await db.execute(
-                        "UPDATE messages SET offset = offset + ? WHERE session_id = ? AND line > ?",
-                        (delta, session_id, row.line),
-                    )
+        async with self._rows_transaction(session_id) as db:
+            if delta:
                 await db.execute(
-                    "UPDATE messages SET message_id = ?, offset = ?, length = ?, role = ?,"
-                    " turn_id = ?, status = ?, pager = ? WHERE session_id = ? AND line = ?",
-                    (*row[1:], session_id, row.line),
+                    "UPDATE messages SET offset = offset + ? WHERE session_id = ? AND line > ?",
+                    (delta, session_id, row.line),
                 )
-                await _set_file(db, session_id, stamp, line_count, now)
-        finally:
-            self._rows_changed(session_id)
+            await db.execute(
+                "UPDATE messages SET message_id = ?, offset = ?, length = ?, role = ?,"
+                " turn_id = ?, status = ?, pager = ? WHERE session_id = ? AND line = ?",
+                (*row[1:], session_id, row.line),
+            )
+            await _set_file(db, session_id, stamp, line_count, now)
 
     async def replace_rows(
         self,
@@ -600,19 +599,15 @@ class Index:
         keep_from: int = 0,
     ) -> None:
         """Replace the session's rows from line ``keep_from`` on (all of them by default)."""
-        try:
-            async with self.transaction() as db:
-                await db.execute(
-                    "DELETE FROM messages WHERE session_id = ? AND line >= ?",
-                    (session_id, keep_from),
-                )
-                await db.executemany(
-                    "INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [(session_id, *r) for r in rows],
-                )
-                await _set_file(db, session_id, stamp, line_count, now)
-        finally:
-            self._rows_changed(session_id)
+        async with self._rows_transaction(session_id) as db:
+            await db.execute(
+                "DELETE FROM messages WHERE session_id = ? AND line >= ?", (session_id, keep_from)
+            )
+            await db.executemany(
+                "INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(session_id, *r) for r in rows],
+            )
+            await _set_file(db, session_id, stamp, line_count, now)
 
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         """Run one write statement in its own transaction; return the rows it changed."""
