@@ -130,24 +130,34 @@ def _widen_pipe(fd: int) -> None:
             fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, 1 << 20)
 
 
+def _streams(fd: int) -> bool:
+    """Whether the loop can watch ``fd`` (a pipe, a socket, a tty), not a file or a device.
+
+    uvloop aborts the process on a regular file or ``/dev/null``, and asyncio waits on
+    ``/dev/null`` for ever: those are read and written in a thread instead.
+    """
+    mode = os.fstat(fd).st_mode
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or os.isatty(fd)
+
+
 async def serve_stdio(host: Host) -> None:
-    """Serve the one connection on stdin/stdout (pipes, sockets, ttys or plain files)."""
+    """Serve the one connection on stdin/stdout (pipes, sockets, ttys, files or devices)."""
     loop = asyncio.get_running_loop()
     writer: Any
-    try:
+    if _streams(sys.stdout.fileno()):
         transport, protocol = await loop.connect_write_pipe(
             asyncio.streams.FlowControlMixin, sys.stdout.buffer
         )
         writer = asyncio.StreamWriter(transport, protocol, None, loop)
-    except ValueError:
+    else:
         writer = _FileWriter(sys.stdout.fileno())
     conn = Connection(host.handlers, host.stats, writer)
     lines = LineReader(conn.feed)
-    _widen_pipe(sys.stdin.fileno())
     feeder = None
-    try:
+    if _streams(sys.stdin.fileno()):
+        _widen_pipe(sys.stdin.fileno())
         await loop.connect_read_pipe(lambda: lines, sys.stdin.buffer)
-    except ValueError:
+    else:
         feeder = loop.run_in_executor(None, _feed_from_file, loop, lines)
     await serve_connection(host, lines, conn, writer)
     if feeder is not None:
