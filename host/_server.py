@@ -85,7 +85,7 @@ async def serve_connection(host: Host, lines: LineReader, conn: Connection, writ
 
 
 class _FileWriter:
-    """Replies to a stdout that is a regular file (no pipe transport): written in a thread."""
+    """Replies to a stdout the loop cannot watch (a file, a device): written in a thread."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
@@ -113,7 +113,7 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _feed_from_file(loop: asyncio.AbstractEventLoop, lines: LineReader) -> None:
-    """Read a stdin that is a regular file in a thread (no pipe transport for files)."""
+    """Read a stdin the loop cannot watch (a file, a device) in a thread."""
     while chunk := os.read(0, CHUNK):
         loop.call_soon_threadsafe(lines.data_received, chunk)
     loop.call_soon_threadsafe(lines.eof_received)
@@ -165,7 +165,11 @@ async def serve_stdio(host: Host) -> None:
 
 
 class _Client(LineReader):
-    """One socket client: its lines go to its connection, which answers through it."""
+    """One socket client: its lines go to its connection, which answers through it.
+
+    It does its own write flow control: asyncio's ``FlowControlMixin`` is a ``Protocol``,
+    and uvloop only reads into ``get_buffer`` for a protocol that is not one.
+    """
 
     def __init__(self, host: Host, clients: set[asyncio.Task[None]]) -> None:
         super().__init__()

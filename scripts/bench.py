@@ -391,16 +391,19 @@ class Bench:
         await conn.call("handshake", {"protocolVersion": PROTOCOL_VERSION})
         return conn
 
-    async def echo(self, *, sink: bool = False, durable: Path | None = None) -> Conn:
-        """Start a bare child: the echo (reads a line, writes it back) or the sink.
+    async def echo(self, *, durable: Path | None = None) -> Conn:
+        """Start the bare echo child: reads a line, writes it back.
 
-        ``durable``: the echo appends each line to that file and fsyncs it before answering.
+        ``durable``: it appends each line to that file and fsyncs it before answering.
         """
-        if sink:
-            argv = [sys.executable, "-c", SINK]
-        else:
-            argv = [sys.executable, "-c", ECHO, *(["durable", str(durable)] if durable else [])]
-        conn = await Conn.spawn(argv, self.log)
+        return await self._child(ECHO, *(["durable", str(durable)] if durable else []))
+
+    async def sink(self) -> Conn:
+        """Start the bare sink child: reads a line, answers just its id."""
+        return await self._child(SINK)
+
+    async def _child(self, source: str, *args: str) -> Conn:
+        conn = await Conn.spawn([sys.executable, "-c", source, *args], self.log)
         self.children.append(conn)
         return conn
 
@@ -852,7 +855,7 @@ async def fig_inflight(bench: Bench, host: Conn) -> None:
     payload = (bench.main / "sessions" / f"{sid}.inflight.json").read_bytes()
     floor_path = bench.folder / "floor-inflight.json"
     atomic_replace(floor_path, payload)
-    sink = await bench.echo(sink=True)
+    sink = await bench.sink()
     host_t: list[float] = []
     floor_t: list[float] = []
     pipe_t: list[float] = []
