@@ -140,9 +140,23 @@ def _streams(fd: int) -> bool:
     return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or os.isatty(fd)
 
 
+def _one_socket(a: int, b: int) -> bool:
+    """Whether ``a`` and ``b`` are the same socket (inetd, systemd ``Accept=yes``)."""
+    sa, sb = os.fstat(a), os.fstat(b)
+    return stat.S_ISSOCK(sa.st_mode) and (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
 async def serve_stdio(host: Host) -> None:
     """Serve the one connection on stdin/stdout (pipes, sockets, ttys, files or devices)."""
     loop = asyncio.get_running_loop()
+    if _one_socket(sys.stdin.fileno(), sys.stdout.fileno()):
+        # One socket both ways is one socket connection. As a read pipe and a write pipe,
+        # the write side's watch for a closed peer takes each request for end of input.
+        served: set[asyncio.Task[None]] = set()
+        sock = socket.socket(fileno=os.dup(sys.stdin.fileno()))
+        await loop.connect_accepted_socket(lambda: _Client(host, served), sock)
+        await asyncio.gather(*list(served))
+        return
     writer: Any
     if _streams(sys.stdout.fileno()):
         transport, protocol = await loop.connect_write_pipe(

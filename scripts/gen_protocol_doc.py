@@ -60,7 +60,9 @@ TRANSPORT = """\
   notifications (no `id`) and batches (a JSON array of requests) as the JSON-RPC 2.0
   specification defines them. Responses are matched by `id` and may come back in another
   order than the requests; the response to a batch is one line holding an array.
-- `python -m host serve --data-dir DIR` serves one connection on stdin/stdout.
+- `python -m host serve --data-dir DIR` serves one connection on stdin/stdout: pipes, a
+  socket pair each way (as Node's `child_process` spawns a child), one socket both ways (as
+  inetd or systemd's `Accept=yes` give it), a tty, or files and devices (a batch job).
   `python -m host serve --data-dir DIR --socket PATH` serves any number of connections on a
   Unix socket created with mode 0600, as a local background service. Nothing but protocol
   lines goes to stdout; logs go to stderr.

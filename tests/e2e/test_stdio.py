@@ -1,0 +1,137 @@
+"""stdin and stdout may be sockets, plain files or devices, not only pipes.
+
+Node's ``child_process`` (an Electron app's main process) gives a child a socket pair for
+each of stdin and stdout; inetd and systemd's ``Accept=yes`` give it one socket for both,
+which the host took for a closed peer at its first request. A service manager starts the
+host with ``/dev/null`` for stdin; a script feeds it a file of requests and keeps the
+answers in another. uvloop aborted the process on both, and asyncio waited on
+``/dev/null`` for ever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import READ_LIMIT, REPO, WAIT, Client, msg, transcript
+
+LOOPS = ["uvloop", "asyncio"]
+REQUESTS = [
+    {"jsonrpc": "2.0", "id": 1, "method": "handshake", "params": {"protocolVersion": 11}},
+    {"jsonrpc": "2.0", "id": 2, "method": "session.create", "params": {"sessionId": "f"}},
+    {
+        "jsonrpc": "2.0",
+        "id": 3,
+        "method": "session.appendMessage",
+        "params": {"sessionId": "f", "message": {"id": "m1", "role": "user", "content": "hi"}},
+    },
+    {"jsonrpc": "2.0", "id": 4, "method": "session.get", "params": {"sessionId": "f"}},
+]
+
+
+async def serve(data: Path, stdin: str, stdout: str, loop: str) -> int:
+    with open(stdin, "rb") as fin, open(stdout, "wb") as fout:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            *("-m", "host", "serve", "--loop", loop, "--data-dir", str(data)),
+            stdin=fin,
+            stdout=fout,
+            stderr=asyncio.subprocess.DEVNULL,
+            cwd=REPO,
+        )
+        try:
+            async with asyncio.timeout(WAIT):
+                return await proc.wait()
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+async def test_requests_from_a_file_are_answered_into_a_file(tmp_path: Path, loop: str) -> None:
+    requests = tmp_path / "in.ndjson"
+    # the last request has no newline: end of input ends it
+    requests.write_bytes(b"\n".join(json.dumps(r).encode() for r in REQUESTS))
+    answers = tmp_path / "out.ndjson"
+    assert await serve(tmp_path / "data", str(requests), str(answers), loop) == 0
+    replies = [json.loads(line) for line in answers.read_bytes().splitlines()]
+    assert [r["id"] for r in replies] == [1, 2, 3, 4]
+    assert replies[2]["result"] == {"line": 0, "appended": True}
+    assert [m["id"] for m in replies[3]["result"]["messages"]] == ["m1"]
+    assert (tmp_path / "data" / "sessions" / "f.jsonl").read_bytes().count(b"\n") == 1
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+async def test_dev_null_on_stdin_and_stdout_is_an_empty_connection(
+    tmp_path: Path, loop: str
+) -> None:
+    assert await serve(tmp_path / "data", os.devnull, os.devnull, loop) == 0
+
+
+async def spawn_on(data: Path, stdin: socket.socket, stdout: socket.socket, loop: str) -> Any:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *("-m", "host", "serve", "--loop", loop, "--data-dir", str(data)),
+        stdin=stdin,
+        stdout=stdout,
+        stderr=asyncio.subprocess.DEVNULL,
+        cwd=REPO,
+    )
+    stdin.close()
+    stdout.close()
+    return proc
+
+
+async def converse(client: Client, proc: Any, data: Path) -> None:
+    """A session, an append and a 1 MB checkpoint; end of input then ends the host."""
+    try:
+        await client.handshake()
+        await client.call("session.create", sessionId="s")
+        assert await client.call("session.appendMessage", sessionId="s", message=msg("m1"))
+        big = msg("r1", "assistant", "x" * (1 << 20))
+        saved = await client.call(
+            "session.saveInflightMessage", sessionId="s", turnId="t", message=big
+        )
+        assert saved == {"saved": True}
+        got = await client.call("session.get", sessionId="s")
+        assert [m["id"] for m in got["messages"]] == ["m1"]
+        await client.close_input()
+        await client.wait_eof()
+        async with asyncio.timeout(WAIT):
+            assert await proc.wait() == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        await client.close()
+    assert transcript(data, "s").read_bytes().count(b"\n") == 1
+    assert json.loads((data / "sessions" / "s.inflight.json").read_bytes())["messageId"] == "r1"
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+async def test_one_socket_on_stdin_and_stdout_is_one_connection(tmp_path: Path, loop: str) -> None:
+    ours, theirs = socket.socketpair()
+    proc = await spawn_on(tmp_path / "data", theirs, theirs, loop)
+    reader, writer = await asyncio.open_unix_connection(sock=ours, limit=READ_LIMIT)
+    await converse(Client(reader, writer), proc, tmp_path / "data")
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+async def test_a_socket_pair_each_way_as_node_spawns_a_child(tmp_path: Path, loop: str) -> None:
+    to_host, host_in = socket.socketpair()
+    from_host, host_out = socket.socketpair()
+    proc = await spawn_on(tmp_path / "data", host_in, host_out, loop)
+    _, writer = await asyncio.open_unix_connection(sock=to_host)
+    reader, unused = await asyncio.open_unix_connection(sock=from_host, limit=READ_LIMIT)
+    try:
+        await converse(Client(reader, writer), proc, tmp_path / "data")
+    finally:
+        unused.close()
