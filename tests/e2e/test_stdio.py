@@ -36,23 +36,31 @@ REQUESTS = [
 ]
 
 
+async def spawn(data: Path, stdin: Any, stdout: Any, loop: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        *("-m", "host", "serve", "--loop", loop, "--data-dir", str(data)),
+        stdin=stdin,
+        stdout=stdout,
+        stderr=asyncio.subprocess.DEVNULL,
+        cwd=REPO,
+    )
+
+
+async def exit_code(proc: asyncio.subprocess.Process) -> int:
+    """Wait for the host to exit (killed if it does not)."""
+    try:
+        async with asyncio.timeout(WAIT):
+            return await proc.wait()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
 async def serve(data: Path, stdin: str, stdout: str, loop: str) -> int:
     with open(stdin, "rb") as fin, open(stdout, "wb") as fout:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            *("-m", "host", "serve", "--loop", loop, "--data-dir", str(data)),
-            stdin=fin,
-            stdout=fout,
-            stderr=asyncio.subprocess.DEVNULL,
-            cwd=REPO,
-        )
-        try:
-            async with asyncio.timeout(WAIT):
-                return await proc.wait()
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
+        return await exit_code(await spawn(data, fin, fout, loop))
 
 
 @pytest.mark.parametrize("loop", LOOPS)
@@ -76,21 +84,7 @@ async def test_dev_null_on_stdin_and_stdout_is_an_empty_connection(
     assert await serve(tmp_path / "data", os.devnull, os.devnull, loop) == 0
 
 
-async def spawn_on(data: Path, stdin: socket.socket, stdout: socket.socket, loop: str) -> Any:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        *("-m", "host", "serve", "--loop", loop, "--data-dir", str(data)),
-        stdin=stdin,
-        stdout=stdout,
-        stderr=asyncio.subprocess.DEVNULL,
-        cwd=REPO,
-    )
-    stdin.close()
-    stdout.close()
-    return proc
-
-
-async def converse(client: Client, proc: Any, data: Path) -> None:
+async def converse(client: Client, proc: asyncio.subprocess.Process, data: Path) -> None:
     """A session, an append and a 1 MB checkpoint; end of input then ends the host."""
     try:
         await client.handshake()
@@ -105,13 +99,10 @@ async def converse(client: Client, proc: Any, data: Path) -> None:
         assert [m["id"] for m in got["messages"]] == ["m1"]
         await client.close_input()
         await client.wait_eof()
-        async with asyncio.timeout(WAIT):
-            assert await proc.wait() == 0
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
         await client.close()
+        code = await exit_code(proc)  # end of input, or a kill when it hangs
+    assert code == 0
     assert transcript(data, "s").read_bytes().count(b"\n") == 1
     assert json.loads((data / "sessions" / "s.inflight.json").read_bytes())["messageId"] == "r1"
 
@@ -119,7 +110,8 @@ async def converse(client: Client, proc: Any, data: Path) -> None:
 @pytest.mark.parametrize("loop", LOOPS)
 async def test_one_socket_on_stdin_and_stdout_is_one_connection(tmp_path: Path, loop: str) -> None:
     ours, theirs = socket.socketpair()
-    proc = await spawn_on(tmp_path / "data", theirs, theirs, loop)
+    with theirs:
+        proc = await spawn(tmp_path / "data", theirs, theirs, loop)
     reader, writer = await asyncio.open_unix_connection(sock=ours, limit=READ_LIMIT)
     await converse(Client(reader, writer), proc, tmp_path / "data")
 
@@ -128,7 +120,8 @@ async def test_one_socket_on_stdin_and_stdout_is_one_connection(tmp_path: Path, 
 async def test_a_socket_pair_each_way_as_node_spawns_a_child(tmp_path: Path, loop: str) -> None:
     to_host, host_in = socket.socketpair()
     from_host, host_out = socket.socketpair()
-    proc = await spawn_on(tmp_path / "data", host_in, host_out, loop)
+    with host_in, host_out:
+        proc = await spawn(tmp_path / "data", host_in, host_out, loop)
     _, writer = await asyncio.open_unix_connection(sock=to_host)
     reader, unused = await asyncio.open_unix_connection(sock=from_host, limit=READ_LIMIT)
     try:
