@@ -115,7 +115,11 @@ class Intents:
                 hashlib.sha256(self.fs.pread(fd, size - cut.offset, cut.offset)).hexdigest()
                 == cut.cut_sha256
             )
-            if not planned and size != cut.offset:
+            # Cut, and the root line half written after it (a crash inside that write).
+            half = cut.offset < size < done and tail.startswith(
+                self.fs.pread(fd, size - cut.offset, cut.offset)
+            )
+            if not (planned or half) and size != cut.offset:
                 # Not one of the states this cut passes through: the file moved on since
                 # (a finished change whose intent could not be removed). Never cut it.
                 log.error("session %s: stale cut intent ignored", intent.session_id)

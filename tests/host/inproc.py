@@ -25,12 +25,23 @@ class Crash(BaseException):
 
 
 class CrashingFileSystem(FileSystem):
-    """A file system whose Nth call, and every call after it, kills the "process"."""
+    """A file system whose Nth call, and every call after it, kills the "process".
 
-    def __init__(self, crash_at: int) -> None:
+    ``torn``: a write that is the Nth call first writes half its bytes, as a kill -9 in the
+    middle of a big ``write`` leaves them.
+    """
+
+    def __init__(self, crash_at: int, *, torn: bool = False) -> None:
         self.crash_at = crash_at
+        self.torn = torn
         self.calls = 0
         self.armed = False  # start-up's own file operations are not counted
+
+    def write_all(self, fd: int, data: bytes | memoryview) -> None:
+        if self.torn and self.armed and self.calls + 1 >= self.crash_at:
+            FileSystem.write_all(self, fd, memoryview(data)[: len(data) // 2])
+        self._tick("write_all")
+        FileSystem.write_all(self, fd, data)
 
     def _tick(self, what: str) -> None:
         if not self.armed:
@@ -66,7 +77,7 @@ def tick_before(cls: type, names: tuple[str, ...] = FS_CALLS) -> None:
         setattr(cls, name, method)
 
 
-tick_before(CrashingFileSystem)
+tick_before(CrashingFileSystem, tuple(n for n in FS_CALLS if n != "write_all"))
 
 
 class FaultyFileSystem(FileSystem):

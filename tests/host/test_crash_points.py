@@ -26,8 +26,11 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> str:
     return data
 
 
+@pytest.mark.parametrize("torn", [False, True], ids=["whole", "torn"])
 @pytest.mark.parametrize("name", sorted(OPS))
-async def test_crash_at_every_step_gives_old_or_new_state(name: str, base: str, tmp_path: Path):
+async def test_crash_at_every_step_gives_old_or_new_state(
+    name: str, torn: bool, base: str, tmp_path: Path
+):
     op, pre = OPS[name], PRE.get(name)
 
     def fresh(tag: str) -> str:
@@ -63,7 +66,7 @@ async def test_crash_at_every_step_gives_old_or_new_state(name: str, base: str, 
     crashes = 0
     for n in range(1, 200):
         d = fresh(f"crash{n}")
-        if await run(d, CrashingFileSystem(n)):
+        if await run(d, CrashingFileSystem(n, torn=torn)):
             break
         crashes += 1
         got = await state(d)
