@@ -123,12 +123,23 @@ class Archive:
         body = {"rootId": root_id, "revisions": [asdict(r) for r in revisions]}
         self.fs.write_atomic(os.path.join(folder, "manifest.json"), json.dumps(body).encode())
 
+    def unnamed(self, session_id: str, root_id: str) -> list[str]:
+        """The root's files its manifest does not name (payloads to remove).
+
+        None while a damaged manifest lies set aside in the folder: the payloads it named
+        are the only copy of those branches, kept for a person to recover.
+        """
+        keep = {r.file for r in self.load(session_id, root_id)} | {"manifest.json"}
+        names = os.listdir(self.folder(session_id, root_id))
+        if any(".damaged-" in name for name in names):
+            return []
+        return [name for name in names if name not in keep]
+
     def prune(self, session_id: str, root_id: str) -> None:
         """Remove the root's payloads its manifest does not name."""
         folder = self.folder(session_id, root_id)
-        keep = {r.file for r in self.load(session_id, root_id)} | {"manifest.json"}
-        for name in os.listdir(folder):
-            if name not in keep and not name.endswith(".tmp"):
+        for name in self.unnamed(session_id, root_id):
+            if not name.endswith(".tmp"):
                 self.fs.unlink(os.path.join(folder, name))
 
     def read(self, session_id: str, root_id: str, rev: Revision) -> list[bytes]:
@@ -151,10 +162,7 @@ class Archive:
         if not os.path.isdir(base):
             return 0
         for root_id in os.listdir(base):
-            folder = os.path.join(base, root_id)
-            keep = {r.file for r in self.load(session_id, root_id)} | {"manifest.json"}
-            for name in os.listdir(folder):
-                if name not in keep:
-                    self.fs.unlink(os.path.join(folder, name))
-                    removed += 1
+            for name in self.unnamed(session_id, root_id):
+                self.fs.unlink(os.path.join(base, root_id, name))
+                removed += 1
         return removed

@@ -419,7 +419,8 @@ def _valid_message(m: Any) -> bool:
 
 
 # Found at b28e0dc: a damaged manifest stopped the host from starting (_sweep_archives ->
-# Archive.load).
+# Archive.load). Found at f9796c4: the start-up sweep then deleted the set-aside manifest and
+# every payload it named (the only copy of those branches).
 @pytest.mark.parametrize(
     "damage",
     [b"\x00garbage{", b'{"rootId":"u1","revisions":[{"revision":0,"fi', b'{"revisions":[{}]}'],
@@ -429,6 +430,8 @@ async def test_a_damaged_revision_manifest_is_reported_and_the_host_serves(
     start_host: StartHost, data_dir: Path, damage: bytes
 ) -> None:
     await _archived(start_host, data_dir)
+    payload = _payload(data_dir)
+    archived = payload.read_bytes()
     (_root_folder(data_dir) / "manifest.json").write_bytes(damage)
     host, client = await _start(start_host, data_dir)
     assert _ids(await get_messages(client, "s")) == ["u1", "a2"]
@@ -440,6 +443,11 @@ async def test_a_damaged_revision_manifest_is_reported_and_the_host_serves(
     for rev in resp.get("result", {}).get("revisions", []):
         assert all(_valid_message(m) for m in rev.get("messages", [])), rev
     assert any("u1" in line for line in _problems(host.log)), host.log
+    assert await host.stop() == 0
+    await _start(start_host, data_dir)  # a second start sweeps again
+    assert payload.read_bytes() == archived
+    aside = [p for p in _root_folder(data_dir).iterdir() if ".damaged-" in p.name]
+    assert [p.read_bytes() for p in aside] == [damage]
 
 
 PAYLOAD_DAMAGE = {
