@@ -7,6 +7,7 @@ DIR/sessions/<id>.meta.json           title and creation time
 DIR/sessions/<id>.inflight.json       the streaming checkpoint (ADR 0153)
 DIR/sessions/<id>.intent.json         a truncation in progress (ADR 0216)
 DIR/sessions/<id>.jsonl.quarantine    corrupt lines moved aside at start
+DIR/sessions/<id>.jsonl.deleted       the transcript of a session being deleted
 DIR/revisions/<id>/<rootId>/          archived regenerate branches (ADR 0060)
 """
 
@@ -26,6 +27,9 @@ def check_id(value: str, what: str = "id") -> str:
     if not isinstance(value, str) or not _ID.match(value):
         raise InvalidParams(f"{what} must be 1-128 characters of [A-Za-z0-9._:-], not . or ..")
     return value
+
+
+_LEFTOVERS = (".jsonl.deleted", ".meta.json", ".inflight.json", ".intent.json", ".jsonl.quarantine")
 
 
 class Layout:
@@ -59,14 +63,33 @@ class Layout:
     def revisions(self, session_id: str) -> str:
         return os.path.join(self.revisions_root, check_id(session_id, "sessionId"))
 
+    def buried(self, session_id: str) -> str:
+        """The transcript of a session being deleted (renamed: the delete's commit)."""
+        return self._session_file(session_id, ".jsonl.deleted")
+
     def session_files(self, session_id: str) -> list[str]:
         """Every file of a session but its revisions, transcript first."""
         return [
             self.transcript(session_id),
+            self.buried(session_id),
             self.meta(session_id),
             self.inflight(session_id),
             self.intent(session_id),
         ]
+
+    def leftovers(self) -> list[tuple[str, str]]:
+        """(session id, path) of every session file whose transcript is gone.
+
+        A session is its transcript: these are what a delete (or a create) cut short left.
+        """
+        live = set(self.transcript_ids())
+        out = []
+        for name in sorted(os.listdir(self.sessions)):
+            for suffix in _LEFTOVERS:
+                sid = name[: -len(suffix)]
+                if name.endswith(suffix) and _ID.match(sid) and sid not in live:
+                    out.append((sid, os.path.join(self.sessions, name)))
+        return out
 
     def transcript_ids(self) -> list[str]:
         """Session ids that have a transcript file, sorted."""

@@ -101,6 +101,7 @@ class Host:
             if os.path.exists(path):
                 os.chmod(path, 0o600)
         host = cls(store, Report())
+        await asyncio.to_thread(store.remove_leftovers)  # before anything reads them
         intents = await asyncio.to_thread(host.history.apply_intent_files)
         host.report = report = await recover(store)
         await host.history.finish_intents(intents)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import uuid
 from collections.abc import Sequence
 
@@ -40,6 +41,8 @@ from host._wire import (
     SessionSummary,
     UpdateParams,
 )
+
+log = logging.getLogger("host.sessions")
 
 
 class SessionMethods:
@@ -96,8 +99,16 @@ class SessionMethods:
         async with self.store.locks.hold(sid):
             await self.store.open_session(sid)  # NOT_FOUND for an absent session
             self.store.forget(sid)
-            await asyncio.to_thread(self.store.remove_files, sid)  # transcript first: the commit
-            await self.store.index.delete_session(sid)
+            await asyncio.to_thread(self.store.bury, sid)  # the commit
+            try:
+                await self.store.index.delete_session(sid)
+            except BaseException:
+                await asyncio.shield(asyncio.to_thread(self.store.unbury, sid))
+                raise
+            try:
+                await asyncio.to_thread(self.store.remove_files, sid)
+            except OSError as exc:  # deleted all the same: the rest goes at the next start
+                log.warning("session %s: deleted; its files go at the next start: %s", sid, exc)
             return DeleteResult(deleted=True)
 
     # -- reads ----------------------------------------------------------------------

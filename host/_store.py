@@ -311,10 +311,43 @@ class Store:
             log.error("session %s: could not undo a failed rewrite: %s", s.session_id, exc)
             self.forget(s.session_id)
 
+    def bury(self, session_id: str) -> None:
+        """Rename the session's transcript aside, durably: the commit of its delete.
+
+        A session is its transcript. When the folder's fsync fails, the name is put back.
+        """
+        transcript, buried = self.layout.transcript(session_id), self.layout.buried(session_id)
+        self.fs.rename(transcript, buried)
+        try:
+            self.fs.fsync_dir(self.layout.sessions)
+        except BaseException:
+            self.unbury(session_id)
+            raise
+
+    def unbury(self, session_id: str) -> None:
+        """Undo :meth:`bury` (its index rows could not be deleted)."""
+        self.fs.rename(self.layout.buried(session_id), self.layout.transcript(session_id))
+        self.fs.fsync_dir(self.layout.sessions)
+
     def remove_files(self, session_id: str) -> None:
-        """Remove every file of a session, transcript first, then fsync the folder."""
+        """Remove every file of a session, transcript first; not fsynced.
+
+        After :meth:`bury` this is tidying: what a crash or a power cut leaves of a buried
+        session goes at the next start (:meth:`remove_leftovers`), never to be read as a
+        new session's of the same id. After a failed create, a power cut may bring the
+        new session back: a failed call may leave the new state.
+        """
+        self.checkpoints.forget(session_id)  # first: an unlink may fail
         for path in [*self.layout.session_files(session_id), self.layout.quarantine(session_id)]:
             self.fs.unlink(path)
-        self.fs.fsync_dir(self.layout.sessions)
-        self.checkpoints.forget(session_id)
         shutil.rmtree(self.layout.revisions(session_id), ignore_errors=True)
+
+    def remove_leftovers(self) -> None:
+        """Remove the files of sessions whose transcript is gone (start-up, before serving).
+
+        Not fsynced: what a power cut brings back is removed again at the next start.
+        """
+        for sid, path in self.layout.leftovers():
+            self.checkpoints.forget(sid)
+            self.fs.unlink(path)
+            log.warning("session %s: %s removed: its transcript is gone", sid, path)

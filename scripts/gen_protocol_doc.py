@@ -270,7 +270,9 @@ At start, before the first request is read (`host/_service.py`, `host/_recovery.
    checkpoints are **not** promoted at start: every one waits for
    `session.recoverInflightMessages`, which the connect sequence calls after the outbox has
    drained, so the outbox's finished row wins (see the departure below).
-6. Archives of deleted sessions and payload files no manifest names are removed.
+6. Archives of deleted sessions and payload files no manifest names are removed. A
+   folder holding a damaged manifest set aside is kept whole. (Files of sessions without
+   a transcript, which a delete cut short leaves, are removed before step 1.)
 
 The same reconciliation runs, while serving, for any session whose file no longer matches
 its index stamp when it is next opened (a write that failed half-way, an outside edit).
@@ -358,8 +360,10 @@ PROTOCOL.md is silent on these points (or leaves them open); this is what the co
 - `session.create` without `sessionId` picks 32 lowercase hex digits (a random UUID).
 - **The transcript file is the commit point**: a session exists when
   `sessions/<id>.jsonl` exists. At start an index row without its transcript is dropped and
-  a transcript without an index row is indexed; `session.delete` unlinks the transcript
-  first, and always answers `deleted: true` (an absent session is `NOT_FOUND`).
+  a transcript without an index row is indexed; `session.delete` renames the transcript
+  aside and fsyncs the folder (the commit; undone if the index cannot drop the rows),
+  then removes the session's files, and always answers `deleted: true` (an absent
+  session is `NOT_FOUND`). What a crash leaves of them is removed at the next start.
 - **Cancellation**: a call is *started* once it holds its session's lock.
   `session.list` and `host.stats` take no session lock, so a cancel can stop them while they
   wait on the index; they are read-only. `session.recoverInflightMessages` takes each

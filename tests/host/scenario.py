@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from host._errors import HostError
 from host._verify import verify
 from tests.host.inproc import Client, msg, open_host
 
@@ -32,9 +33,20 @@ async def prepare(data: str) -> None:
 
 
 async def state(data: str) -> Any:
+    sessions = Path(data, "sessions")
     async with open_host(data) as call:
+        # Files of a session whose transcript is gone (a delete cut short), as start left them.
+        orphans = sorted(
+            p.name
+            for p in sessions.iterdir()
+            if p.name.startswith("s.") and not (sessions / "s.jsonl").exists()
+        )
         await call("session.recoverInflightMessages")  # the connect sequence
-        page = await call("session.get", sessionId="s")
+        try:
+            page = await call("session.get", sessionId="s")
+        except HostError as exc:
+            assert exc.to_object()["data"]["code"] == "NOT_FOUND", exc
+            return None, orphans
         revs = {
             root: await call(
                 "session.listRevisions", sessionId="s", rootId=root, includeMessages=True
@@ -50,7 +62,7 @@ async def state(data: str) -> Any:
     assert await verify(data, out=report) == 0, report.getvalue()
     leftovers = [p.name for p in Path(data).rglob("*") if p.name.endswith((".tmp", ".intent.json"))]
     assert leftovers == []
-    return page["messages"], revs, checkpoint
+    return page["messages"], revs, checkpoint, orphans
 
 
 OPS: dict[str, Op] = {
@@ -70,6 +82,7 @@ OPS: dict[str, Op] = {
     "promote": lambda c: c(
         "session.endTurn", sessionId="s", turnId="t2", status="aborted", recoverInflight=True
     ),
+    "delete-session": lambda c: c("session.delete", sessionId="s"),
 }
 
 
