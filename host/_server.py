@@ -68,8 +68,17 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
+CLOSE_WAIT = 30.0
+"""Seconds a closing connection waits for its client to read the answers still queued."""
+
+
 async def serve_connection(host: Host, lines: LineReader, conn: Connection, writer: Any) -> None:
-    """Serve one connection until end of input or shutdown, then finish its calls."""
+    """Serve one connection until end of input or shutdown, then finish its calls.
+
+    Every answer is written before the connection closes (and, on stdio, before the host
+    exits): a client busy for a moment still gets them all, a client that reads none for
+    :data:`CLOSE_WAIT` seconds loses what is left.
+    """
     ended = asyncio.create_task(lines.ended.wait())
     stop = asyncio.create_task(host.shutdown_requested.wait())
     try:
@@ -79,9 +88,17 @@ async def serve_connection(host: Host, lines: LineReader, conn: Connection, writ
         stop.cancel()
         lines.stop()
         await conn.finish()
-        with contextlib.suppress(ConnectionError, RuntimeError):
-            writer.close()
-            await writer.wait_closed()
+        if queued := writer.queued():
+            log.info("closing: waiting for the client to read %d bytes of answers", queued)
+        writer.close()
+        try:
+            async with asyncio.timeout(CLOSE_WAIT):
+                await writer.wait_closed()
+        except TimeoutError:
+            log.warning("closing: the client read no answers for %.0f s; dropped", CLOSE_WAIT)
+            writer.abort()
+        except ConnectionError:
+            pass  # gone: nothing more can reach it
 
 
 class _FileWriter:
@@ -99,8 +116,14 @@ class _FileWriter:
         if data:
             await asyncio.to_thread(_write_all, self.fd, data)
 
+    def queued(self) -> int:
+        return sum(map(len, self.buf))
+
     def close(self) -> None:
         pass
+
+    def abort(self) -> None:
+        self.buf.clear()
 
     async def wait_closed(self) -> None:
         await self.drain()
@@ -157,12 +180,9 @@ async def serve_stdio(host: Host) -> None:
         await loop.connect_accepted_socket(lambda: _Client(host, served), sock)
         await asyncio.gather(*list(served))
         return
-    writer: Any
+    writer: _Output | _FileWriter
     if _streams(sys.stdout.fileno()):
-        transport, protocol = await loop.connect_write_pipe(
-            asyncio.streams.FlowControlMixin, sys.stdout.buffer
-        )
-        writer = asyncio.StreamWriter(transport, protocol, None, loop)
+        _, writer = await loop.connect_write_pipe(_Output, sys.stdout.buffer)
     else:
         writer = _FileWriter(sys.stdout.fileno())
     conn = Connection(host.handlers, host.stats, writer)
@@ -178,20 +198,74 @@ async def serve_stdio(host: Host) -> None:
         feeder.cancel()
 
 
-class _Client(LineReader):
-    """One socket client: its lines go to its connection, which answers through it.
+class _Sender:
+    """The writer a connection answers through, over a transport's own flow control.
 
-    It does its own write flow control: asyncio's ``FlowControlMixin`` is a ``Protocol``,
-    and uvloop only reads into ``get_buffer`` for a protocol that is not one.
+    asyncio's ``FlowControlMixin`` cannot be it: its ``wait_closed`` raises
+    ``NotImplementedError``, so a host that ended its connection exited before the answers
+    still queued for a slow client were written; and uvloop only reads into
+    ``get_buffer`` for a protocol that is not a ``FlowControlMixin``.
     """
 
-    def __init__(self, host: Host, clients: set[asyncio.Task[None]]) -> None:
-        super().__init__()
-        self.host = host
-        self.clients = clients
+    transport: Any
+
+    def __init__(self) -> None:
         self._writable = asyncio.Event()
         self._writable.set()
         self._gone = asyncio.Event()
+
+    def pause_writing(self) -> None:
+        self._writable.clear()
+
+    def resume_writing(self) -> None:
+        self._writable.set()
+
+    def _lost(self) -> None:
+        self._gone.set()
+        self._writable.set()  # wake the drains, to fail
+
+    def write(self, data: bytes) -> None:
+        self.transport.write(data)
+
+    async def drain(self) -> None:
+        """Wait while the client reads too slowly; ``ConnectionResetError`` once it is gone."""
+        await self._writable.wait()
+        if self._gone.is_set():
+            raise ConnectionResetError("the client went away")
+
+    def queued(self) -> int:
+        """Bytes written but not yet taken by the client."""
+        return 0 if self._gone.is_set() else int(self.transport.get_write_buffer_size())
+
+    def close(self) -> None:
+        """Close once every queued byte is written (:meth:`wait_closed` waits for it)."""
+        self.transport.close()
+
+    def abort(self) -> None:
+        self.transport.abort()
+
+    async def wait_closed(self) -> None:
+        await self._gone.wait()
+
+
+class _Output(_Sender, asyncio.Protocol):
+    """stdout as a pipe, socket or tty."""
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost()
+
+
+class _Client(LineReader, _Sender):
+    """One socket client: its lines go to its connection, which answers through it."""
+
+    def __init__(self, host: Host, clients: set[asyncio.Task[None]]) -> None:
+        LineReader.__init__(self)
+        _Sender.__init__(self)
+        self.host = host
+        self.clients = clients
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
@@ -203,31 +277,7 @@ class _Client(LineReader):
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
-        self._gone.set()
-        self._writable.set()  # wake the drains, to fail
-
-    def pause_writing(self) -> None:
-        self._writable.clear()
-
-    def resume_writing(self) -> None:
-        self._writable.set()
-
-    # -- the writer its connection answers through ------------------------------------
-
-    def write(self, data: bytes) -> None:
-        self.transport.write(data)
-
-    async def drain(self) -> None:
-        """Wait while the client reads too slowly; ``ConnectionResetError`` once it is gone."""
-        await self._writable.wait()
-        if self._gone.is_set():
-            raise ConnectionResetError("the client went away")
-
-    def close(self) -> None:
-        self.transport.close()
-
-    async def wait_closed(self) -> None:
-        await self._gone.wait()
+        self._lost()
 
 
 def _clear_stale_socket(path: str) -> None:

@@ -128,3 +128,64 @@ async def test_a_socket_pair_each_way_as_node_spawns_a_child(tmp_path: Path, loo
         await converse(Client(reader, writer), proc, tmp_path / "data")
     finally:
         unused.close()
+
+
+def _read_all(fd: int) -> bytes:
+    out = bytearray()
+    while chunk := os.read(fd, 1 << 16):
+        out += chunk
+    return bytes(out)
+
+
+def _line(rid: int, method: str, **params: Any) -> bytes:
+    return json.dumps({"jsonrpc": "2.0", "id": rid, "method": method, "params": params}).encode()
+
+
+# Found at 6286078: the host exited 0 with up to 64 KiB of answers still queued for a client
+# that was busy for a moment, the last one cut mid-line (FlowControlMixin has no close waiter).
+@pytest.mark.parametrize("ending", ["end-of-input", "shutdown"])
+@pytest.mark.parametrize("loop", LOOPS)
+async def test_every_answer_is_written_before_the_host_exits(
+    tmp_path: Path, loop: str, ending: str
+) -> None:
+    answers, host_out = os.pipe()  # a plain pipe: nothing reads it until we do
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *("-m", "host", "serve", "--loop", loop, "--data-dir", str(tmp_path / "data")),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=host_out,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=REPO,
+    )
+    os.close(host_out)
+    assert proc.stdin is not None and proc.stderr is not None
+    big = msg("m1", content="x" * 10_000)
+    lines = [
+        _line(1, "handshake", protocolVersion=11),
+        _line(2, "session.create", sessionId="s"),
+        _line(3, "session.appendMessage", sessionId="s", message=big),
+        # ~100 KB of answers: a 64 KiB pipe full, and the rest queued in the host (under
+        # the 64 KiB at which its writes wait), so every call finishes and the host closes
+        *(_line(10 + i, "session.get", sessionId="s") for i in range(10)),
+    ]
+    if ending == "shutdown":
+        lines.append(_line(99, "host.shutdown"))
+    proc.stdin.write(b"\n".join(lines) + b"\n")
+    if ending == "end-of-input":
+        proc.stdin.close()
+    try:
+        async with asyncio.timeout(WAIT):
+            # The client is busy: it reads nothing until the host is closing (or gone).
+            while log := await proc.stderr.readline():
+                if b"waiting for the client to read" in log:
+                    break
+            out = await asyncio.to_thread(_read_all, answers)
+            assert await proc.wait() == 0
+    finally:
+        os.close(answers)
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    ids = [json.loads(line)["id"] for line in out.split(b"\n")[:-1]]
+    assert sorted(ids) == [json.loads(line)["id"] for line in lines]
+    assert out.endswith(b"\n")
