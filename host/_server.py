@@ -19,6 +19,7 @@ import signal
 import socket
 import stat
 import sys
+import threading
 from typing import Any
 
 from host._endpoint import Connection
@@ -102,7 +103,7 @@ async def serve_connection(host: Host, lines: LineReader, conn: Connection, writ
 
 
 class _FileWriter:
-    """Replies to a stdout the loop cannot watch (a file, a device): written in a thread."""
+    """Replies to a stdout the loop does not watch (a file, a device, a terminal)."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
@@ -136,10 +137,14 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _feed_from_file(loop: asyncio.AbstractEventLoop, lines: LineReader) -> None:
-    """Read a stdin the loop cannot watch (a file, a device) in a thread."""
-    while chunk := os.read(0, CHUNK):
-        loop.call_soon_threadsafe(lines.data_received, chunk)
-    loop.call_soon_threadsafe(lines.eof_received)
+    """Read a stdin the loop does not watch (a file, a device, a terminal) in a thread.
+
+    A daemon thread: a read a terminal holds open must not keep a stopped host alive.
+    """
+    with contextlib.suppress(RuntimeError):  # the loop closed: the host has stopped
+        while chunk := os.read(0, CHUNK):
+            loop.call_soon_threadsafe(lines.data_received, chunk)
+        loop.call_soon_threadsafe(lines.eof_received)
 
 
 def _widen_pipe(fd: int) -> None:
@@ -154,13 +159,15 @@ def _widen_pipe(fd: int) -> None:
 
 
 def _streams(fd: int) -> bool:
-    """Whether the loop can watch ``fd`` (a pipe, a socket, a tty), not a file or a device.
+    """Whether the loop watches ``fd``: a pipe or a socket, not a file, device or terminal.
 
     uvloop aborts the process on a regular file or ``/dev/null``, and asyncio waits on
-    ``/dev/null`` for ever: those are read and written in a thread instead.
+    ``/dev/null`` for ever. A terminal the loop would make non-blocking for every program
+    that shares it (the next one in the shell fails with ``EAGAIN``), and uvloop drops
+    what was typed before it read. Those are read and written in a thread instead.
     """
     mode = os.fstat(fd).st_mode
-    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or os.isatty(fd)
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
 
 
 def _one_socket(a: int, b: int) -> bool:
@@ -187,15 +194,12 @@ async def serve_stdio(host: Host) -> None:
         writer = _FileWriter(sys.stdout.fileno())
     conn = Connection(host.handlers, host.stats, writer)
     lines = LineReader(conn.feed)
-    feeder = None
     if _streams(sys.stdin.fileno()):
         _widen_pipe(sys.stdin.fileno())
         await loop.connect_read_pipe(lambda: lines, sys.stdin.buffer)
     else:
-        feeder = loop.run_in_executor(None, _feed_from_file, loop, lines)
+        threading.Thread(target=_feed_from_file, args=(loop, lines), daemon=True).start()
     await serve_connection(host, lines, conn, writer)
-    if feeder is not None:
-        feeder.cancel()
 
 
 class _Sender:

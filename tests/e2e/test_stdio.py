@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import pty
 import socket
 import sys
 from pathlib import Path
@@ -189,3 +190,34 @@ async def test_every_answer_is_written_before_the_host_exits(
     ids = [json.loads(line)["id"] for line in out.split(b"\n")[:-1]]
     assert sorted(ids) == [json.loads(line)["id"] for line in lines]
     assert out.endswith(b"\n")
+
+
+def _read_until(fd: int, text: bytes) -> bytes:
+    out = b""
+    while text not in out:
+        out += os.read(fd, 1 << 16)
+    return out
+
+
+# Found at afd55dc: the host left its terminal non-blocking, so the next program run in
+# that shell failed with EAGAIN.
+@pytest.mark.parametrize("loop", LOOPS)
+async def test_a_terminal_is_left_as_it_was_found(tmp_path: Path, loop: str) -> None:
+    master, terminal = pty.openpty()
+    try:
+        assert os.get_blocking(terminal)
+        proc = await spawn(tmp_path / "data", terminal, terminal, loop)
+        try:
+            async with asyncio.timeout(WAIT):
+                os.write(master, _line(1, "handshake", protocolVersion=11) + b"\n")
+                await asyncio.to_thread(_read_until, master, b'"protocolVersion":11,')
+                os.write(master, b"\x04")  # ^D on an empty line: end of input
+            assert await exit_code(proc) == 0
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        assert os.get_blocking(terminal)
+    finally:
+        os.close(master)
+        os.close(terminal)
