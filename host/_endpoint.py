@@ -172,6 +172,8 @@ class Connection:
             try:
                 params = DECODERS[method].decode(params_raw)
             except msgspec.ValidationError as exc:
+                if method == "handshake":
+                    _version_mismatch(params_raw)  # "11" or 11.0 is not exactly 11
                 raise InvalidParams(f"{method}: {exc}") from None
             if method == "handshake":
                 result: Struct = self._handshake(params)
@@ -210,8 +212,8 @@ class Connection:
     def _cancel(self, params_raw: Raw | bytes) -> None:
         try:
             rid = CANCEL.decode(params_raw).id
-        except msgspec.MsgspecError:
-            return
+        except msgspec.MsgspecError as exc:  # a notification's error is never sent
+            raise InvalidParams(f"$/cancelRequest: {exc}") from None
         call = self.calls.get(_key(rid))
         if call is None or call.started:
             return  # unknown, finished, or started: a started write finishes atomically
@@ -331,6 +333,27 @@ class Connection:
         while self.tasks:
             await asyncio.gather(*list(self.tasks), return_exceptions=True)
         self._flush()
+
+
+class _AnyVersion(msgspec.Struct, rename="camel"):
+    protocol_version: Any = UNSET
+
+
+_ANY_VERSION = msgspec.json.Decoder(_AnyVersion)
+
+
+def _version_mismatch(params_raw: Raw | bytes) -> None:
+    """Raise ``ProtocolMismatch`` when a handshake names a version of the wrong type."""
+    try:
+        got = _ANY_VERSION.decode(params_raw).protocol_version
+    except msgspec.MsgspecError:
+        return  # params that are not an object: INVALID_PARAMS
+    if got is not UNSET and not (type(got) is int and got == PROTOCOL_VERSION):
+        raise ProtocolMismatch(
+            f"protocol version {got!r} is not {PROTOCOL_VERSION}",
+            expected=PROTOCOL_VERSION,
+            got=got,
+        )
 
 
 def _key(rid: Any) -> Hashable:

@@ -472,7 +472,8 @@ METHOD_DOCS: dict[str, str] = {
     "handshake": """\
 Must be the first call on every connection (see
 [Connecting and the handshake](#connecting-and-the-handshake)).
-`PROTOCOL_MISMATCH` when `protocolVersion` is not exactly @@VERSION@@.""",
+`PROTOCOL_MISMATCH` when `protocolVersion` is not exactly @@VERSION@@: another number, or
+another type (`"@@VERSION@@"`, `@@VERSION@@.0`, `null`); a missing one is `INVALID_PARAMS`.""",
     "session.create": """\
 Creates an empty transcript (file and folder entry fsynced) and its `meta.json`. An id that
 already exists answers `created: false` and changes nothing, not even the title. Without

@@ -33,7 +33,8 @@ async def test_handshake_answers_version_and_methods(host: HostProcess) -> None:
 async def test_wrong_version_is_protocol_mismatch(host: HostProcess) -> None:
     c = host.client
     assert c is not None
-    for version in (10, 12, 0, -11, 110):
+    # Found at 09c70a8: "11" and 11.0 were INVALID_PARAMS; they are not exactly 11 either.
+    for version in (10, 12, 0, -11, 110, "11", 11.0, None, True, [11]):
         with pytest.raises(RpcError) as err:
             await c.handshake(version)
         assert err.value.code == -32001
@@ -44,6 +45,9 @@ async def test_wrong_version_is_protocol_mismatch(host: HostProcess) -> None:
         with pytest.raises(RpcError) as err:
             await c.call("session.list")
         assert err.value.name == "NOT_HANDSHAKEN"
+    for params in ({}, {"protocolVersion": 11, "extra": 1}):  # no version, unknown field
+        response = await c.request("handshake", params)
+        assert response["error"]["code"] == -32602, response
     # A good one afterwards works.
     assert (await c.handshake())["protocolVersion"] == PROTOCOL_VERSION
     assert (await c.call("session.list")) == {"sessions": []}

@@ -194,7 +194,6 @@ BAD_PARAMS: list[tuple[str, dict[str, Any]]] = [
     ("session.deleteMessages", {"sessionId": "s", "messageIds": "m0"}),
     ("session.replaceMessages", {"sessionId": "s", "messages": {"id": "m0"}}),
     ("session.replaceMessages", {"sessionId": "s", "messages": [msg("m0"), {"id": "x"}]}),
-    ("handshake", {"protocolVersion": "11"}),
     ("handshake", {"protocolVersion": 11, "clientName": "x"}),
 ]
 
@@ -237,3 +236,13 @@ async def test_blank_lines_between_messages_are_ignored(host: HostProcess) -> No
 async def test_cancel_request_as_a_request_is_answered_null(client: Client) -> None:
     resp = await client.request("$/cancelRequest", {"id": 12345})
     assert resp["result"] is None
+
+
+# Found at 09c70a8: bad params were answered null, as if the cancel had been taken.
+async def test_cancel_request_with_bad_params_is_invalid_params(client: Client) -> None:
+    for params in ({}, {"id": 17.5}, {"id": 1, "extra": 2}):
+        resp = await client.request("$/cancelRequest", params)
+        assert resp["error"]["code"] == -32602, resp
+    await client.notify("$/cancelRequest", id=17.5)  # a notification: still no reply
+    assert (await client.request("$/cancelRequest", {"id": 1}))["result"] is None
+    assert client.unmatched == []
