@@ -106,7 +106,7 @@ async def drive(opts: Options, out: TextIO = sys.stdout) -> int:
         view = None if opts.json else asyncio.create_task(_live_view(run, box, driver))
         work: asyncio.Future[list[None]] = asyncio.gather(
             *[
-                _session(driver, run, f"s{i}", number, opts, random.Random(rng.random()))
+                _session(driver, run, f"s{i}", number, opts, random.Random(rng.random()), stop)
                 for i in range(opts.sessions)
             ]
         )
@@ -148,10 +148,18 @@ async def drive(opts: Options, out: TextIO = sys.stdout) -> int:
 
 
 async def _session(
-    driver: TurnDriver, run: Run, sid: str, number: int, opts: Options, rng: random.Random
+    driver: TurnDriver,
+    run: Run,
+    sid: str,
+    number: int,
+    opts: Options,
+    rng: random.Random,
+    stop: asyncio.Event,
 ) -> None:
     await driver.client.call("session.create", {"sessionId": sid, "title": f"conversation {sid}"})
     for k in range(opts.turns):
+        if stop.is_set():  # quit: the turn that streamed ends, no new one starts
+            return
         tid = f"{sid}-r{number}-t{k}"
         action = rng.choices(["new", "regenerate", "stop"], weights=(70, 20, 10))[0]
         regenerate = False

@@ -51,6 +51,9 @@ COMPACT_AFTER = 4096  # acknowledged entries before an idle journal is rewritten
 _CRC = b',"crc":'
 
 
+_RAW = msgspec.json.Decoder(Raw)
+
+
 def _sealed(obj: bytes) -> bytes:
     """``{...}`` -> ``{...,"crc":N}\\n`` with N the CRC-32 of ``{...}``."""
     return obj[:-1] + _CRC + b"%d}\n" % zlib.crc32(obj)
@@ -138,12 +141,35 @@ class Journal:
         if not self.pending and data:
             self._compact()
 
+    def _write(self, data: bytes) -> None:
+        """Append ``data`` whole, or cut back what was written of it and raise ``OSError``.
+
+        A disk that fills writes part of a line: left there, the next entry would run into
+        it and both be unreadable.
+        """
+        end = os.lseek(self._fd, 0, os.SEEK_END)
+        view = memoryview(data)
+        try:
+            while view:
+                n = os.write(self._fd, view)
+                if n == 0:
+                    raise OSError("journal: no room for the entry")
+                view = view[n:]
+        except BaseException:
+            os.ftruncate(self._fd, end)
+            raise
+
     async def append(self, session_id: str, message: bytes, turn_id: str | None) -> Entry:
         """Write one entry and return once it is durable."""
-        message.decode("utf-8")  # the host would refuse the whole batch line otherwise
+        # The host would refuse the whole batch line (PARSE_ERROR, answering none of it).
+        message.decode("utf-8")
+        try:
+            _RAW.decode(message)
+        except msgspec.DecodeError as exc:
+            raise ValueError(f"message is not JSON: {exc}") from None
         entry = Entry(self.next_seq, session_id, Raw(message), turn_id)
+        self._write(_sealed(_ENC.encode(entry)))
         self.next_seq += 1
-        os.write(self._fd, _sealed(_ENC.encode(entry)))
         self._written = entry.seq
         self.pending[entry.seq] = entry
         await self._sync_through(entry.seq)
@@ -163,13 +189,20 @@ class Journal:
         self._synced = max(self._synced, target)
 
     def ack(self, seq: int) -> None:
-        """Mark an entry acknowledged by the host (not fsynced: a replay is harmless)."""
+        """Mark an entry acknowledged by the host (not fsynced: a replay is harmless).
+
+        A write that fails (a full disk) is logged, never raised: the host has the row,
+        and the entry is only sent again after a restart.
+        """
         if self.pending.pop(seq, None) is None:
             return
-        os.write(self._fd, _sealed(b'{"ack":%d}' % seq))
-        self._acked_since_compact += 1
-        if not self.pending and self._acked_since_compact >= COMPACT_AFTER:
-            self._compact()
+        try:
+            self._write(_sealed(b'{"ack":%d}' % seq))
+            self._acked_since_compact += 1
+            if not self.pending and self._acked_since_compact >= COMPACT_AFTER:
+                self._compact()
+        except OSError as exc:
+            log.warning("journal: ack of entry %d not written (%s): replayed at restart", seq, exc)
 
     def _compact(self) -> None:
         """Replace the journal by its pending entries (atomic replace, folder fsync)."""

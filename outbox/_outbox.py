@@ -118,7 +118,9 @@ class Outbox:
                 continue
             client = self.client
             entries = self._next_batch()
-            if not entries:
+            if not entries:  # every pending row was dropped: that is progress too
+                async with self._progress:
+                    self._progress.notify_all()
                 continue
             try:
                 results = await client.batch(

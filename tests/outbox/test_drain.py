@@ -155,3 +155,23 @@ async def test_host_down_is_retried_with_growing_capped_backoff(
     ]
     assert delays == [0.01, 0.02, 0.04, 0.04, 0.04]
     assert host.ids("s") == ["m1"]
+
+
+# Found at 0a904eb: dropping a row over the host's line limit woke no drain that was already
+# waiting, so the connect sequence after a restart timed out and the app failed to start.
+async def test_a_drain_waiting_when_an_oversized_row_is_dropped_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("outbox._outbox.ROW_LIMIT", 4096)  # a 64 MiB row, made small
+    async with (
+        Outbox.open(str(tmp_path / "app" / "outbox.jsonl")) as box,
+        spawned(tmp_path / "host") as client,
+    ):
+        await client.call("session.create", {"sessionId": "s"})
+        await box.enqueue("s", {"id": "big", "role": "user", "content": "x" * 8192}, None)
+        waiting = asyncio.create_task(box.drain(10.0))
+        await until(lambda: box._progress._waiters, "the drain to wait")  # type: ignore[attr-defined]
+        box.attach(client)
+        await waiting  # DrainTimeout before the fix
+        assert box.stats["dropped"] == 1
+        assert await stored_ids(client, "s") == []

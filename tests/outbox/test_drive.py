@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import signal
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -140,3 +141,30 @@ async def test_without_json_a_person_gets_a_summary_table(tmp_path: Path) -> Non
     assert proc.returncode == 0, err.decode()
     assert "summary" in out.decode() and "s0" in out.decode()
     assert "outbox depth" in err.decode(), "the live view goes to stderr"
+
+
+# Found at 0a904eb: a quit stopped only the replies streaming at that moment; every session
+# then began its next turn and was cancelled in it, leaving turns running for the next start.
+async def test_a_quit_ends_every_turn_and_begins_no_new_one(
+    tmp_path: Path, start_host: StartHost
+) -> None:
+    data = tmp_path / "data"
+    proc = await drive(data, "--sessions", "3", "--turns", "30", "--reply-seconds", "3")
+    assert proc.stdout is not None
+    events: list[dict[str, Any]] = []
+    async with asyncio.timeout(WAIT):
+        while not any(e["event"] == "checkpoint" for e in events):  # replies are streaming
+            events.append(json.loads(await proc.stdout.readline()))
+        proc.send_signal(signal.SIGINT)
+        out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    events += parse(out.decode())
+    done = events[-1]
+    assert done["event"] == "done"
+    assert sum(done["outcomes"].values()) == done["turns"], done
+    host = await start_host(data / "host")
+    assert host.client is not None
+    await host.client.handshake()
+    assert "was running at start" not in host.log, host.log
+    await host.stop()
+    await check_store(start_host, data, events)

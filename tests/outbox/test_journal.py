@@ -166,3 +166,54 @@ async def test_reopening_a_fully_acknowledged_journal_compacts_it(tmp_path: Path
     async with Journal.open(str(path)) as journal:
         assert not journal.pending
     assert path.stat().st_size == 0
+
+
+FULL_DISK = """
+import asyncio, os, resource, signal, sys
+from outbox import Journal
+
+async def main():
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a short write, then EFBIG: a full disk
+    async with Journal.open(sys.argv[1]) as j:
+        await j.append("s", b'{"id":"m1","role":"user","content":"hi"}', "t")
+        size = os.path.getsize(sys.argv[1])
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size + 40, resource.RLIM_INFINITY))
+        try:
+            await j.append("s", b'{"id":"m2","role":"user","content":"%s"}' % (b"x" * 200), "t")
+            print("m2 durable", flush=True)
+        except OSError:
+            print("m2 refused", flush=True)
+        full = os.path.getsize(sys.argv[1])
+        resource.setrlimit(resource.RLIMIT_FSIZE, (full, resource.RLIM_INFINITY))
+        j.ack(1)  # no room for the ack either: logged, not raised
+        resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY,) * 2)  # room again
+        await j.append("s", b'{"id":"m3","role":"user","content":"again"}', "t")
+        print("m3 durable", flush=True)
+
+asyncio.run(main())
+"""
+
+
+# Found at 0a904eb: os.write's count was not checked. A full disk wrote part of an entry and
+# append returned "durable"; the next entry ran into it, and both were lost at reopen.
+async def test_a_full_disk_refuses_the_entry_and_loses_none_after_it(tmp_path: Path) -> None:
+    path = tmp_path / "outbox.jsonl"
+    proc = await python("-c", FULL_DISK, str(path))
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    assert out.decode().split() == ["m2", "refused", "m3", "durable"]
+    assert "ack of entry 1 not written" in err.decode()
+    async with Journal.open(str(path)) as journal:
+        messages = [json.loads(bytes(e.message))["id"] for e in journal.pending.values()]
+    assert messages == ["m1", "m3"]  # m1's ack was lost: sent again, which the host dedups
+    assert not path.with_name(path.name + ".quarantine").exists()
+
+
+async def test_a_message_that_is_not_json_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "outbox.jsonl"
+    async with Journal.open(str(path)) as journal:
+        for bad in (b"not json", b'{"id":"m1"', "caf\u00e9".encode("latin-1")):
+            with pytest.raises(ValueError):
+                await journal.append("s", bad, "t")
+        assert journal.pending == {}
+    assert path.read_bytes() == b""
