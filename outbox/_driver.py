@@ -231,9 +231,12 @@ class TurnDriver:
         """Cut the last reply away for a regenerate; return ``(prompt id, cut ids)``.
 
         The session's outbox drains first: a reply row still in it would otherwise land
-        after the cut, in the branch it was cut from.
+        after the cut, in the branch it was cut from. Its acks are then fsynced: a power
+        cut that lost one would replay a cut row after the cut, where the host no longer
+        has its id to see it is a repeat.
         """
         await self.outbox.drain(self.drain_timeout, session_id)
+        await self.outbox.journal.sync_acks()
         page = await self.client.call("session.get", {"sessionId": session_id, "limit": 64})
         msgs = page["messages"]
         users = [i for i, m in enumerate(msgs) if m["role"] == "user"]

@@ -188,6 +188,11 @@ class Journal:
         self.fsyncs += 1
         self._synced = max(self._synced, target)
 
+    async def sync_acks(self) -> None:
+        """Make the acks written so far durable (before a cut: see ``TurnDriver``)."""
+        await asyncio.to_thread(os.fsync, self._fd)
+        self.fsyncs += 1
+
     def ack(self, seq: int) -> None:
         """Mark an entry acknowledged by the host (not fsynced: a replay is harmless).
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from outbox import Outbox
 from outbox._driver import TurnDriver
@@ -71,3 +74,41 @@ async def test_regenerate_waits_for_a_reply_still_in_the_outbox_then_cuts_it(
         async with asyncio.timeout(WAIT):
             assert await cutting == ("u1", ["a1-c", "a1"])
         assert await stored_ids(client, "s") == ["u1"], "the whole old reply is cut"
+
+
+# Found at 39c443b: acks are not fsynced, so a power cut during a regenerate could lose the
+# cut reply's ack; the replay after the restart then stored the cut reply again.
+async def test_a_power_cut_after_a_regenerate_brings_no_cut_reply_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    journal = tmp_path / "app" / "outbox.jsonl"
+    synced: list[bytes] = []  # the journal as each fsync of it left it on disk
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        real_fsync(fd)
+        if os.readlink(f"/proc/self/fd/{fd}") == str(journal):
+            synced.append(journal.read_bytes())
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    async with (
+        Outbox.open(str(journal)) as box,
+        spawned(tmp_path / "host") as client,
+    ):
+        await client.call("session.create", {"sessionId": "s"})
+        box.attach(client)
+        driver = TurnDriver(client, box)
+        st = await driver.begin("s", "t1", prompt("u1"))
+        assert await driver.run(st, a_reply("a1")) == "completed"
+        assert await driver.truncate_last_reply("s") == ("u1", ["a1-c", "a1"])
+        await driver.begin("s", "t2", None)  # the new reply streams; then the power goes
+        client.kill()
+    journal.write_bytes(synced[-1])  # what the disk kept
+
+    async with (
+        Outbox.open(str(journal)) as box,
+        spawned(tmp_path / "host") as client,
+    ):
+        box.attach(client)
+        await box.drain(WAIT)  # the connect sequence's drain replays what is pending
+        assert await stored_ids(client, "s") == ["u1"]
