@@ -126,7 +126,7 @@ class Archive:
     def unnamed(self, session_id: str, root_id: str) -> list[str]:
         """The root's files its manifest does not name (payloads to remove).
 
-        None while a damaged manifest lies set aside in the folder: the payloads it named
+        Nothing while a damaged manifest lies set aside in the folder: the payloads it named
         are the only copy of those branches, kept for a person to recover.
         """
         keep = {r.file for r in self.load(session_id, root_id)} | {"manifest.json"}

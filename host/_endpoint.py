@@ -197,11 +197,7 @@ class Connection:
 
     def _handshake(self, p: HandshakeParams) -> HandshakeResult:
         if p.protocol_version != PROTOCOL_VERSION:
-            raise ProtocolMismatch(
-                f"protocol version {p.protocol_version} is not {PROTOCOL_VERSION}",
-                expected=PROTOCOL_VERSION,
-                got=p.protocol_version,
-            )
+            raise _mismatch(p.protocol_version)
         self.handshaken = True
         return HandshakeResult(
             protocol_version=PROTOCOL_VERSION,
@@ -349,11 +345,13 @@ def _version_mismatch(params_raw: Raw | bytes) -> None:
     except msgspec.MsgspecError:
         return  # params that are not an object: INVALID_PARAMS
     if got is not UNSET and not (type(got) is int and got == PROTOCOL_VERSION):
-        raise ProtocolMismatch(
-            f"protocol version {got!r} is not {PROTOCOL_VERSION}",
-            expected=PROTOCOL_VERSION,
-            got=got,
-        )
+        raise _mismatch(got)
+
+
+def _mismatch(got: Any) -> ProtocolMismatch:
+    return ProtocolMismatch(
+        f"protocol version {got!r} is not {PROTOCOL_VERSION}", expected=PROTOCOL_VERSION, got=got
+    )
 
 
 def _key(rid: Any) -> Hashable:

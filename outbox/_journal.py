@@ -190,8 +190,7 @@ class Journal:
 
     async def sync_acks(self) -> None:
         """Make the acks written so far durable (before a cut: see ``TurnDriver``)."""
-        await asyncio.to_thread(os.fsync, self._fd)
-        self.fsyncs += 1
+        await self._fsync(self._written)
 
     def ack(self, seq: int) -> None:
         """Mark an entry acknowledged by the host (not fsynced: a replay is harmless).

@@ -37,13 +37,15 @@ REQUESTS = [
 ]
 
 
-async def spawn(data: Path, stdin: Any, stdout: Any, loop: str) -> asyncio.subprocess.Process:
+async def spawn(
+    data: Path, stdin: Any, stdout: Any, loop: str, stderr: Any = asyncio.subprocess.DEVNULL
+) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
         sys.executable,
         *("-m", "host", "serve", "--loop", loop, "--data-dir", str(data)),
         stdin=stdin,
         stdout=stdout,
-        stderr=asyncio.subprocess.DEVNULL,
+        stderr=stderr,
         cwd=REPO,
     )
 
@@ -150,14 +152,8 @@ async def test_every_answer_is_written_before_the_host_exits(
     tmp_path: Path, loop: str, ending: str
 ) -> None:
     answers, host_out = os.pipe()  # a plain pipe: nothing reads it until we do
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        *("-m", "host", "serve", "--loop", loop, "--data-dir", str(tmp_path / "data")),
-        stdin=asyncio.subprocess.PIPE,
-        stdout=host_out,
-        stderr=asyncio.subprocess.PIPE,
-        cwd=REPO,
-    )
+    pipe = asyncio.subprocess.PIPE
+    proc = await spawn(tmp_path / "data", pipe, host_out, loop, stderr=pipe)
     os.close(host_out)
     assert proc.stdin is not None and proc.stderr is not None
     big = msg("m1", content="x" * 10_000)
