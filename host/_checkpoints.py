@@ -2,7 +2,10 @@
 
 A checkpoint holds the session's streaming assistant message and its turn id. It is
 replaced atomically (temp file, fsync, rename, folder fsync), never goes into the
-transcript as extra lines and never touches the index until it is promoted. Which
+transcript as extra lines and never touches the index until it is promoted. Its temp
+file is kept between saves (``<id>.inflight.spare``, :meth:`FileSystem.write_swap`):
+a reply streams many snapshots of one growing message, and reusing the file's blocks
+more than halves each replace. Which
 sessions have one is kept in memory, so an append pays no system call to check.
 """
 
@@ -82,7 +85,10 @@ class Checkpoints:
     def save(self, cp: Checkpoint) -> None:
         """Replace the session's checkpoint atomically."""
         self._known.pop(cp.session_id, None)  # a failed replace may leave either file
-        self.fs.write_atomic(self.layout.inflight(cp.session_id), _ENC.encode(cp))
+        sid = cp.session_id
+        self.fs.write_swap(
+            self.layout.inflight(sid), self.layout.inflight_spare(sid), _ENC.encode(cp)
+        )
         self.present.add(cp.session_id)
         self._known[cp.session_id] = cp.turn_id, cp.message_id
 
@@ -92,6 +98,7 @@ class Checkpoints:
         The folder fsync is needed: a checkpoint a power cut brings back after its row
         was cut away (a regenerate) would be promoted again at the next start.
         """
+        self.fs.unlink(self.layout.inflight_spare(session_id))  # never read: not fsynced
         if self.fs.unlink(self.layout.inflight(session_id)):
             self.fs.fsync_dir(self.layout.sessions)
         self.forget(session_id)

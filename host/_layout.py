@@ -5,6 +5,7 @@ DIR/index.sqlite3                     the index (WAL)
 DIR/sessions/<id>.jsonl               the transcript, the truth
 DIR/sessions/<id>.meta.json           title and creation time
 DIR/sessions/<id>.inflight.json       the streaming checkpoint (ADR 0153)
+DIR/sessions/<id>.inflight.spare      the checkpoint before it: the next one's temp file
 DIR/sessions/<id>.intent.json         a truncation in progress (ADR 0216)
 DIR/sessions/<id>.jsonl.quarantine    corrupt lines moved aside at start
 DIR/sessions/<id>.jsonl.deleted       the transcript of a session being deleted
@@ -29,7 +30,14 @@ def check_id(value: str, what: str = "id") -> str:
     return value
 
 
-_LEFTOVERS = (".jsonl.deleted", ".meta.json", ".inflight.json", ".intent.json", ".jsonl.quarantine")
+_LEFTOVERS = (
+    ".jsonl.deleted",
+    ".meta.json",
+    ".inflight.json",
+    ".inflight.spare",
+    ".intent.json",
+    ".jsonl.quarantine",
+)
 
 
 class Layout:
@@ -54,6 +62,10 @@ class Layout:
     def inflight(self, session_id: str) -> str:
         return self._session_file(session_id, ".inflight.json")
 
+    def inflight_spare(self, session_id: str) -> str:
+        """The temp file a checkpoint replace reuses (:meth:`FileSystem.write_swap`)."""
+        return self._session_file(session_id, ".inflight.spare")
+
     def intent(self, session_id: str) -> str:
         return self._session_file(session_id, ".intent.json")
 
@@ -74,6 +86,7 @@ class Layout:
             self.buried(session_id),
             self.meta(session_id),
             self.inflight(session_id),
+            self.inflight_spare(session_id),
             self.intent(session_id),
         ]
 

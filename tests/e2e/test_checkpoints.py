@@ -68,11 +68,16 @@ async def test_a_checkpoint_is_one_file_replaced_atomically_and_nothing_else(
     assert await checkpoint(client, "s", newest) is True
     assert json.loads(inflight(data_dir, "s").read_bytes())["message"] == newest
     assert temp_files(data_dir) == []
+    # The one before it is kept only as the next save's temp file, and goes with it.
+    spare = data_dir / "sessions" / "s.inflight.spare"
+    assert json.loads(spare.read_bytes())["message"] == first
     # Not a transcript line, not an index row, not in session.get or session.list.
     assert (transcript(data_dir, "s").read_bytes(), await index_state(client, data_dir)) == before
     assert [m["id"] for m in await get_messages(client, "s")] == ["u1"]
     (summary,) = (await client.call("session.list"))["sessions"]
     assert summary["messageCount"] == 1
+    await client.call("session.appendMessage", sessionId="s", turnId="t1", message=newest)
+    assert sorted(p.name for p in (data_dir / "sessions").iterdir()) == ["s.jsonl", "s.meta.json"]
 
 
 async def test_a_checkpoint_of_an_indexed_id_is_dropped(client: Client, data_dir: Path) -> None:
@@ -321,7 +326,9 @@ async def test_session_delete_removes_the_checkpoint(start_host: StartHost, data
     host = await boot(start_host)
     c = cli(host)
     await streaming(c, "s")
-    await checkpoint(c, "s", reply("a1", "partial"))
+    for text in ("par", "partial"):
+        await checkpoint(c, "s", reply("a1", text))
+    assert (data_dir / "sessions" / "s.inflight.spare").exists()
     assert await c.call("session.delete", sessionId="s") == {"deleted": True}
     assert not list((data_dir / "sessions").glob("s.*"))
     assert await c.call("session.recoverInflightMessages") == {"recovered": []}

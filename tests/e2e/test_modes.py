@@ -21,6 +21,10 @@ async def test_files_are_0600_and_folders_0700_even_with_umask_000(
     await c.call("session.updateMessage", sessionId="s", message=msg("a", content="b"))  # rewrite
     await c.call("session.replaceMessages", sessionId="s", messages=[msg("x"), msg("y")])
     await c.call("session.deleteMessages", sessionId="s", messageIds=["x"])
+    await c.call("session.beginTurn", sessionId="s", turnId="t")
+    for text in ("a", "ab"):  # the second keeps the first as the spare
+        params = {"sessionId": "s", "turnId": "t", "message": msg("r", "assistant", content=text)}
+        await c.call("session.saveInflightMessage", **params)
     assert await host.stop() == 0
     with open(transcript(data_dir, "s"), "ab") as f:
         f.write(b"garbage\n")  # quarantined at the next start: a file the host creates
@@ -45,4 +49,6 @@ async def test_files_are_0600_and_folders_0700_even_with_umask_000(
         "s.jsonl",
         "s.meta.json",
         "s.jsonl.quarantine",
+        "s.inflight.json",
+        "s.inflight.spare",
     }

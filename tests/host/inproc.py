@@ -60,6 +60,7 @@ FS_CALLS = (
     "fsync_dir",
     "ftruncate",
     "rename",
+    "exchange",
     "unlink",
     "mkdir",
 )

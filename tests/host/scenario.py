@@ -104,5 +104,19 @@ OPS["checkpoint"] = lambda c: c(
 OPS["promote"] = lambda c: c(
     "session.endTurn", sessionId="s", turnId="t3", status="aborted", recoverInflight=True
 )
+
+
+async def _two_snapshots(c: Client) -> None:
+    await _turn_with_checkpoint(c)  # the file
+    await c(
+        "session.saveInflightMessage", sessionId="s", turnId="t3", message=msg("b3", content="2")
+    )
+
+
+# The third snapshot of a reply: the first to overwrite the spare in place and swap it in.
+PRE["checkpoint-again"] = _two_snapshots
+OPS["checkpoint-again"] = lambda c: c(
+    "session.saveInflightMessage", sessionId="s", turnId="t3", message=msg("b3", content="3")
+)
 # Regenerate from the reply still streaming: its checkpoint is promoted, then cut away.
 OPS["regenerate-streaming"] = lambda c: c("session.truncateFrom", sessionId="s", fromMessageId="b3")
