@@ -21,6 +21,7 @@ from host._errors import AgentBusy, Conflict, InvalidParams, NotFound
 from host._index import Row, now_iso
 from host._intents import ArchiveStep, CutStep, Intent, StampStep, revisions_of
 from host._messages import Message, parse_incoming, parse_stored
+from host._recovery import stored_row
 from host._sessions import SessionMethods
 from host._store import NewLine, OpenSession, Store
 from host._transcript import Piece, Transcript
@@ -133,8 +134,8 @@ class HistoryMethods:
         for line in branch:
             m = parse_stored(line)
             assert m is not None
-            pieces.append(line + b"\n")
-            rows.append(NewLine.of(m, m.turn_id, m.pager()).row(root.line + len(rows), pos))
+            pieces.append(line + b"\n")  # the archived bytes, verbatim: so is the row
+            rows.append(stored_row(root.line + len(rows), pos, line, m))
             pos += len(line) + 1
         pieces.append((end_off, s.size - end_off))
         for r in await self.store.index.rows(s.session_id, end_line):

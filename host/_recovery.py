@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from host._index import Row, SessionRow, now_iso
-from host._messages import pager_json, parse_stored
+from host._messages import Message, pager_json, parse_stored
 from host._transcript import FileStamp, Piece, Transcript, iter_lines
 
 if TYPE_CHECKING:
@@ -90,19 +90,22 @@ def scan(transcript: Transcript, offset: int, line: int, known_ids: set[str]) ->
             continue
         assert msg is not None
         known_ids.add(msg.id)
-        out.rows.append(
-            Row(
-                line + len(out.rows),
-                msg.id,
-                off,
-                len(raw),
-                msg.head.role,
-                msg.turn_id,
-                msg.head.status,
-                pager_json(msg.pager()),
-            )
-        )
+        out.rows.append(stored_row(line + len(out.rows), off, raw, msg))
     return out
+
+
+def stored_row(line: int, offset: int, raw: bytes, msg: Message) -> Row:
+    """The index row of a line kept as its bytes ``raw`` (``msg`` parsed from them)."""
+    return Row(
+        line,
+        msg.id,
+        offset,
+        len(raw),
+        msg.head.role,
+        msg.turn_id,
+        msg.head.status,
+        pager_json(msg.pager()),
+    )
 
 
 def quarantine(store: Store, session_id: str, bad: list[tuple[int, int, bytes, str]]) -> None:

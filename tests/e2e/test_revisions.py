@@ -10,6 +10,7 @@ rewrite, swap and truncation.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -452,3 +453,31 @@ async def test_turn_id_survives_every_rewrite_swap_and_truncation(
         [("a2", "t2")],
         [("a2b", "t3")],
     ]
+
+
+async def test_an_archived_line_in_its_own_spacing_comes_back_whole(
+    start_host: StartHost, data_dir: Path
+) -> None:
+    """A branch swapped back in is indexed by the bytes written, not a re-encoding of them.
+
+    The lines here are not in the host's own encoding (``json.dumps`` spacing, as an
+    outside writer leaves them; the host indexes them at start as they are). Had the index
+    kept the re-encoded lengths, the next rewrite would copy short ranges and cut a line.
+    """
+    host = await boot(start_host)
+    await host.stop()
+    with open(transcript(data_dir, "s"), "w") as f:
+        for m in [msg("u0"), reply("a0"), msg("u1"), reply("a1")]:
+            f.write(json.dumps(m) + "\n")
+    host = await boot(start_host)
+    c = cli(host)
+    await c.call("session.truncateFrom", sessionId="s", fromMessageId="a0")  # archives a0
+    await c.call("session.appendMessage", sessionId="s", message=reply("a0b"))
+    await c.call("session.activateRevision", sessionId="s", rootId="u0", revision=0)
+    await c.call("session.appendMessage", sessionId="s", message=msg("x"))
+    await c.call("session.deleteMessages", sessionId="s", messageIds=["x"])  # a rewrite
+    assert [m["id"] for m in await get_messages(c, "s")] == ["u0", "a0"]
+    assert b'"id": "a0"' in transcript(data_dir, "s").read_bytes()  # its own bytes
+    await host.stop()
+    code, out, err = await run_cli("verify", "--data-dir", str(data_dir))
+    assert code == 0, out + err
