@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import uuid
 from collections.abc import Sequence
 
@@ -19,6 +20,7 @@ from host._errors import InvalidParams, LimitExceeded, NotFound
 from host._index import Row, SessionRow, now_iso
 from host._locks import UNSTARTED
 from host._messages import Message, display_capped, pager_from_json, parse_incoming, parse_stored
+from host._recovery import reconcile
 from host._store import NewLine, OpenSession, Store
 from host._transcript import FileStamp, Piece, Transcript
 from host._wire import (
@@ -58,6 +60,11 @@ class SessionMethods:
         title = p.title if isinstance(p.title, str) else None
         async with self.store.locks.hold(sid):
             if await self.store.index.session(sid) is not None:
+                return CreateResult(session_id=sid, created=False)
+            if os.path.exists(self.store.layout.transcript(sid)):
+                # A transcript the index has not seen (copied in while the host runs): the
+                # file is the truth, so it is indexed as start would, never replaced.
+                await reconcile(self.store, sid, full=True)
                 return CreateResult(session_id=sid, created=False)
             now = now_iso()
             fs, layout = self.store.fs, self.store.layout

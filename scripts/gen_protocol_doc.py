@@ -488,14 +488,17 @@ Must be the first call on every connection (see
 another type (`"@@VERSION@@"`, `@@VERSION@@.0`, `null`); a missing one is `INVALID_PARAMS`.""",
     "session.create": """\
 Creates an empty transcript (file and folder entry fsynced) and its `meta.json`. An id that
-already exists answers `created: false` and changes nothing, not even the title. Without
+already exists answers `created: false` and changes nothing, not even the title. So does
+an id whose transcript is on disk without an index row (a file copied in while the host
+runs): the transcript is indexed as start would index it, never replaced. Without
 `sessionId` the host picks one.""",
     "session.list": """\
 Every session, most recently written first. Reads only the index.""",
     "session.delete": """\
-Under the lock: the transcript (first: the commit point), the meta, checkpoint, intent and
-quarantine files, the revision archive, then the index rows and the session's turns all go.
-Always `deleted: true`; an absent session is `NOT_FOUND`.""",
+Under the lock: the transcript is renamed aside to `<id>.jsonl.deleted` and the folder
+fsynced (the commit point), then the index rows and the session's turns go, then the
+transcript, meta, checkpoint (and its spare), intent and quarantine files and the revision
+archive. Always `deleted: true`; an absent session is `NOT_FOUND`.""",
     "session.get": """\
 Under the lock, the physical lines `[startLine, endLine)`: `endLine` is `beforeLine`
 (default and upper bound: `totalLines`), `startLine` is `max(0, endLine - limit)`; no

@@ -15,6 +15,7 @@ from tests.conftest import (
     RpcError,
     dumps,
     everything,
+    get_messages,
     make_session,
     msg,
     transcript,
@@ -56,6 +57,19 @@ async def test_create_of_an_existing_id_changes_nothing(client: Client, data_dir
     assert await everything(client, data_dir) == before
     (row,) = (await client.call("session.list"))["sessions"]
     assert (row["title"], row["messageCount"]) == ("kept", 2)
+
+
+async def test_create_of_a_transcript_copied_in_indexes_it_and_keeps_it(
+    client: Client, data_dir: Path
+) -> None:
+    """A transcript the index has not seen (restored while the host runs) is the truth."""
+    path = transcript(data_dir, "restored")
+    kept = b'{"id":"u0","role":"user","content":"precious"}\n'
+    path.write_bytes(kept)
+    res = await client.call("session.create", sessionId="restored", title="new")
+    assert res == {"sessionId": "restored", "created": False}
+    assert path.read_bytes() == kept
+    assert [m["content"] for m in await get_messages(client, "restored")] == ["precious"]
 
 
 async def test_list_counts_messages_and_orders_newest_first(client: Client) -> None:
