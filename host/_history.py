@@ -85,6 +85,8 @@ class HistoryMethods:
         row = await self.store.index.lookup(s.session_id, root_id)
         if row is None:
             raise NotFound("message", root_id)
+        if row.role != "user":  # the pager is stamped on a user root only
+            raise InvalidParams(f"rootId {root_id!r} is not a user message (role {row.role!r})")
         msg = parse_stored(await self.store.read_row(s, row))
         assert msg is not None, "indexed lines are valid messages"
         return row, msg

@@ -552,8 +552,9 @@ Settles every leftover checkpoint, one session lock at a time: already indexed o
 dropped; turn `completed`, appended as `complete`; otherwise appended as `aborted`, and a
 `running` turn becomes `aborted`. Only appended rows are listed.""",
     "session.saveRevision": """\
-Under the lock: archives `messages` as a new revision of the root `rootId` (a stored message)
-and answers its index and the archive's new size. The transcript and the root's stamp are
+Under the lock: archives `messages` as a new revision of the root `rootId` (a stored user
+message: in every revision method a `rootId` naming another role is `INVALID_PARAMS`, as the
+pager is stamped on a user root only) and answers its index and the archive's new size. The transcript and the root's stamp are
 not touched (use `session.saveActiveRevision` for the archive-and-stamp of a turn).""",
     "session.listRevisions": """\
 Under the lock: `revisionCount` and `activeRevision` are the root's stamp (what the pager

@@ -481,3 +481,24 @@ async def test_an_archived_line_in_its_own_spacing_comes_back_whole(
     await host.stop()
     code, out, err = await run_cli("verify", "--data-dir", str(data_dir))
     assert code == 0, out + err
+
+
+async def test_a_root_that_is_not_a_user_message_is_invalid_params(
+    client: Client, data_dir: Path
+) -> None:
+    """The pager is stamped on a user root only: no revision method takes another root."""
+    await client.call("session.create", sessionId="s")
+    for m in [msg("u0"), reply("a0"), msg("t0", "tool")]:
+        await client.call("session.appendMessage", sessionId="s", message=m)
+    before = await everything(client, data_dir)
+    calls: list[tuple[str, dict[str, Any]]] = [
+        ("session.saveActiveRevision", {}),
+        ("session.saveRevision", {"messages": [reply("r1")]}),
+        ("session.listRevisions", {}),
+        ("session.activateRevision", {"revision": 0}),
+    ]
+    for method, extra in calls:
+        for root in ("a0", "t0"):
+            err = await fails(client, method, sessionId="s", rootId=root, **extra)
+            assert err.name == "INVALID_PARAMS", (method, root, err)
+    assert await everything(client, data_dir) == before
