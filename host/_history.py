@@ -20,7 +20,7 @@ from host._archive import ArchiveDamaged, Revision
 from host._errors import AgentBusy, Conflict, InvalidParams, NotFound
 from host._index import Row, now_iso
 from host._intents import ArchiveStep, CutStep, Intent, StampStep, revisions_of
-from host._messages import Message, parse_incoming, parse_stored
+from host._messages import Message, parse_all, parse_stored
 from host._recovery import stored_row
 from host._sessions import SessionMethods
 from host._store import NewLine, OpenSession, Store
@@ -52,6 +52,11 @@ def _pager(root_id: str, count: int, active: int) -> dict[str, Raw]:
         "revisionCount": Raw(ENCODER.encode(count)),
         "activeRevision": Raw(ENCODER.encode(active)),
     }
+
+
+def _slot(active: int | None, count: int) -> int:
+    """Where a root's branch is archived: its active revision, else a new one."""
+    return active if active is not None and 0 <= active < count else count
 
 
 def _stamp_of(msg: Message) -> tuple[int, int | None]:
@@ -100,7 +105,7 @@ class HistoryMethods:
     ) -> tuple[list[Revision], int]:
         """Archive ``lines`` as ``saveActiveRevision`` would: return the revisions, slot."""
         revs = self.archive.load(sid, root_id)
-        slot = active if active is not None and 0 <= active < len(revs) else len(revs)
+        slot = _slot(active, len(revs))
         if slot < len(revs) and self._same(sid, root_id, revs[slot], lines):
             return revs, slot  # the same branch again (a retry): nothing to write
         name = self.archive.write_payload(sid, root_id, slot, lines)
@@ -148,7 +153,7 @@ class HistoryMethods:
     # -- methods --------------------------------------------------------------------
 
     async def save_revision(self, p: SaveRevisionParams) -> SaveRevisionResult:
-        msgs = [parse_incoming(m, f"messages[{i}]") for i, m in enumerate(p.messages)]
+        msgs = parse_all(p.messages)
         sid = p.session_id
         async with self.store.locks.hold(sid):
             s = await self.store.open_session(sid)
@@ -242,20 +247,23 @@ class HistoryMethods:
                 raise AgentBusy(f"turn {running!r} is running in session {sid!r}", turnId=running)
             root, msg = await self._root(s, p.root_id)
             _, active = _stamp_of(msg)
-            if p.revision >= len(self.archive.load(sid, p.root_id)):
+            old = self.archive.load(sid, p.root_id)
+            if p.revision >= len(old):
                 raise NotFound("revision", p.revision)
             branch = await self._branch(s, root)
             lines = await self.store.read_rows(s, branch)
-            old = self.archive.load(sid, p.root_id)
-            if lines:
-                revs, _slot = await asyncio.to_thread(self._plan, sid, p.root_id, active, lines)
+            if lines and p.revision == _slot(active, len(old)):
+                chosen = lines  # the slot the branch is archived into: it stays
             else:
-                revs = self.archive.load(sid, p.root_id)
-            chosen = await asyncio.to_thread(self.archive.read, sid, p.root_id, revs[p.revision])
+                chosen = await asyncio.to_thread(self.archive.read, sid, p.root_id, old[p.revision])
+            await self._check_ids(s, branch, chosen)  # before anything is written
+            if lines:
+                revs, _ = await asyncio.to_thread(self._plan, sid, p.root_id, active, lines)
+            else:
+                revs = old
             pager = _pager(p.root_id, len(revs), p.revision)
             if revs == old and chosen == lines and pager == msg.pager():
                 return ActivateResult(active_revision=p.revision, revision_count=len(revs))
-            await self._check_ids(s, branch, chosen)
             intent = Intent(
                 sid,
                 archive=ArchiveStep(p.root_id, [_rev(r) for r in revs]),
@@ -337,13 +345,20 @@ class HistoryMethods:
         self, s: OpenSession, branch: Sequence[Row], chosen: Sequence[bytes]
     ) -> None:
         leaving = {r.message_id for r in branch}
+        seen: set[str] = set()
         for line in chosen:
             m = parse_stored(line)
             assert m is not None
+            if m.id in seen:
+                raise Conflict(f"message {m.id!r} is twice in that revision", messageId=m.id)
+            seen.add(m.id)
             if m.id in leaving:
                 continue
             if await self.store.index.lookup(s.session_id, m.id) is not None:
-                raise Conflict(f"message {m.id!r} of that revision is already in the transcript")
+                raise Conflict(
+                    f"message {m.id!r} of that revision is already in the transcript",
+                    messageId=m.id,
+                )
 
     async def truncate_from(self, p: TruncateParams) -> TruncateResult:
         if p.from_message_id is UNSET and p.truncate_before is UNSET:

@@ -7,6 +7,7 @@ written back as the caller's own bytes. Only the host-owned keys are ever replac
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import msgspec
@@ -93,6 +94,17 @@ class Message:
             fields["turnId"] = Raw(_ENC.encode(turn_id))
         fields.update(pager)
         return _ENC.encode(fields)
+
+
+def parse_all(raws: Sequence[bytes]) -> list[Message]:
+    """Validate a call's ``messages`` (each as :func:`parse_incoming`); ids must not repeat."""
+    msgs = [parse_incoming(raw, f"messages[{i}]") for i, raw in enumerate(raws)]
+    seen: set[str] = set()
+    for m in msgs:
+        if m.id in seen:
+            raise InvalidParams(f"messages: duplicate id {m.id!r}")
+        seen.add(m.id)
+    return msgs
 
 
 def incoming_head(raw: bytes, what: str = "message") -> Head:

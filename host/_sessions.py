@@ -16,10 +16,17 @@ from collections.abc import Sequence
 
 from msgspec import UNSET, Raw
 
-from host._errors import InvalidParams, LimitExceeded, NotFound
+from host._errors import LimitExceeded, NotFound
 from host._index import Row, SessionRow, now_iso
 from host._locks import UNSTARTED
-from host._messages import Message, display_capped, pager_from_json, parse_incoming, parse_stored
+from host._messages import (
+    Message,
+    display_capped,
+    pager_from_json,
+    parse_all,
+    parse_incoming,
+    parse_stored,
+)
 from host._recovery import reconcile
 from host._store import NewLine, OpenSession, Store
 from host._transcript import FileStamp, Piece, Transcript
@@ -265,12 +272,7 @@ class SessionMethods:
             return CountDeletedResult(deleted=deleted)
 
     async def replace_messages(self, p: ReplaceParams) -> CountResult:
-        msgs = [parse_incoming(raw, f"messages[{i}]") for i, raw in enumerate(p.messages)]
-        seen: set[str] = set()
-        for m in msgs:
-            if m.id in seen:
-                raise InvalidParams(f"messages: duplicate id {m.id!r}")
-            seen.add(m.id)
+        msgs = parse_all(p.messages)
         async with self.store.locks.hold(p.session_id):
             s = await self.store.open_session(p.session_id)
             old = {r.message_id: r for r in await self.store.index.rows(s.session_id)}

@@ -130,7 +130,8 @@ Extra members of `data`:
 - `PROTOCOL_MISMATCH`: `expected` (the host's version) and `got` (the caller's).
 - `NOT_FOUND`: `kind`, one of `"session"`, `"message"`, `"turn"`, `"revision"`.
 - `AGENT_BUSY`: `turnId`, the turn that is running.
-- `CONFLICT`: `messageId` when a display-capped copy was written back.
+- `CONFLICT`: `messageId`, the message of a display-capped copy written back or of an
+  `activateRevision` refused.
 - `STORAGE_ERROR`: `errno` (for example `"ENOSPC"`, `"EIO"`) when a file operation failed;
   an SQLite failure has none. `OSError` and `sqlite3.Error` become `STORAGE_ERROR` in
   `to_error_object` and nowhere else.
@@ -437,7 +438,10 @@ read and the write inside one hold of the lock instead:
   `NOT_FOUND` (`kind: "message"`).
 - `session.activateRevision` answers `NOT_FOUND` (`kind: "revision"`) for a revision past the
   archive, and `CONFLICT` when a message id of the chosen revision is already in the
-  transcript outside the branch it replaces.
+  transcript outside the branch it replaces, or is twice in the revision (an archive
+  written before `saveRevision` refused repeated ids); both before anything is written.
+- `session.saveRevision` with a repeated message id is `INVALID_PARAMS`, as
+  `replaceMessages` is.
 - `session.truncateFrom` answers `NOT_FOUND` before it changes anything. Otherwise it
   first settles the session: a running turn is ended `aborted` with its checkpoint promoted,
   and a leftover checkpoint of an ended turn (a Stop whose final row never came) is promoted
@@ -554,8 +558,9 @@ dropped; turn `completed`, appended as `complete`; otherwise appended as `aborte
     "session.saveRevision": """\
 Under the lock: archives `messages` as a new revision of the root `rootId` (a stored user
 message: in every revision method a `rootId` naming another role is `INVALID_PARAMS`, as the
-pager is stamped on a user root only) and answers its index and the archive's new size. The transcript and the root's stamp are
-not touched (use `session.saveActiveRevision` for the archive-and-stamp of a turn).""",
+pager is stamped on a user root only) and answers its index and the archive's new size.
+The transcript and the root's stamp are not touched (use `session.saveActiveRevision` for
+the archive-and-stamp of a turn).""",
     "session.listRevisions": """\
 Under the lock: `revisionCount` and `activeRevision` are the root's stamp (what the pager
 shows; `0` and `null` for a root never stamped), `revisions` the archive, read from its

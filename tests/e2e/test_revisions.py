@@ -502,3 +502,37 @@ async def test_a_root_that_is_not_a_user_message_is_invalid_params(
             err = await fails(client, method, sessionId="s", rootId=root, **extra)
             assert err.name == "INVALID_PARAMS", (method, root, err)
     assert await everything(client, data_dir) == before
+
+
+async def test_a_revision_with_a_repeated_id_is_refused_before_anything_changes(
+    client: Client, data_dir: Path
+) -> None:
+    await client.call("session.create", sessionId="s")
+    await client.call("session.appendMessage", sessionId="s", message=msg("u0"))
+    await client.call("session.appendMessage", sessionId="s", message=reply("a0"))
+    before = await everything(client, data_dir)
+    err = await fails(
+        client, "session.saveRevision", sessionId="s", rootId="u0", messages=[reply("x")] * 2
+    )
+    assert err.name == "INVALID_PARAMS"
+    assert await everything(client, data_dir) == before
+
+
+async def test_an_activate_refused_as_a_conflict_writes_nothing(
+    client: Client, data_dir: Path
+) -> None:
+    """The ids are checked before the current branch's payload is written, not after."""
+    await client.call("session.create", sessionId="s")
+    await client.call("session.appendMessage", sessionId="s", message=msg("u0"))
+    await client.call("session.appendMessage", sessionId="s", message=reply("a0"))
+    await client.call("session.saveActiveRevision", sessionId="s")  # revision 0 holds a0
+    await client.call("session.truncateFrom", sessionId="s", fromMessageId="a0")
+    await client.call("session.appendMessage", sessionId="s", message=reply("a1"))
+    await client.call("session.saveActiveRevision", sessionId="s")
+    await client.call("session.appendMessage", sessionId="s", message=msg("u1"))
+    await client.call("session.appendMessage", sessionId="s", message=reply("a0"))  # a0 again
+    await client.call("session.updateMessage", sessionId="s", message=reply("a1", "edited"))
+    before = disk_state(data_dir), await everything(client, data_dir)
+    err = await fails(client, "session.activateRevision", sessionId="s", rootId="u0", revision=0)
+    assert (err.name, err.data["messageId"]) == ("CONFLICT", "a0")
+    assert (disk_state(data_dir), await everything(client, data_dir)) == before

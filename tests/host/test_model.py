@@ -315,6 +315,8 @@ class Model:
         if r is None:
             raise Err("NOT_FOUND")
         root = s.msgs[r]
+        if root.role != "user":
+            raise Err("INVALID_PARAMS")
         count, active = stamp_of(root)
         branch = tuple(s.msgs[r + 1 : s.branch_end(r)])
         out = {"rootId": root.id, "archived": len(branch), "stamped": False}
@@ -378,6 +380,8 @@ class Model:
         r = s.find(rootId)
         if r is None:
             raise Err("NOT_FOUND")
+        if s.msgs[r].role != "user":
+            raise Err("INVALID_PARAMS")
         if revision >= len(s.archives.get(rootId, [])):
             raise Err("NOT_FOUND")
         root = s.msgs[r]
@@ -415,6 +419,8 @@ class Model:
         for sid, s in sorted(self.sessions.items()):
             revs = {}
             for m in s.msgs:
+                if m.role != "user":  # a root is a user message
+                    continue
                 count, active = stamp_of(m)
                 arch = s.archives.get(m.id, [])
                 revs[m.id] = (count, active, [list(b) for b in arch])
@@ -588,6 +594,8 @@ class Machine(RuleBasedStateMachine):
             msgs = [as_m(m) for m in page["messages"]]
             revs = {}
             for m in msgs:
+                if m.role != "user":
+                    continue
                 r = await call(
                     "session.listRevisions", sessionId=sid, rootId=m.id, includeMessages=True
                 )
