@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import fcntl
 import os
 
 FILE_MODE = 0o600
@@ -17,7 +18,8 @@ DIR_MODE = 0o700
 
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
-_NO_EXCHANGE = (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP)
+# EPERM: a seccomp filter that denies renameat2 (Docker's default errno) but not rename.
+_NO_EXCHANGE = (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM)
 _renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
 if _renameat2 is not None:
     _renameat2.argtypes = (
@@ -175,6 +177,10 @@ class FileSystem:
         except BaseException:
             with contextlib.suppress(OSError):
                 self.exchange(spare, path)  # the old file back: still whole, never torn
+            # The disk may hold either mapping: the spare's file may still be the checkpoint
+            # there, so it must never be overwritten in place. (Start removes spares too.)
+            with contextlib.suppress(OSError):
+                self.unlink(spare)
             raise
 
     def _write_file(self, path: str, data: bytes, *, reuse: bool) -> None:
@@ -183,6 +189,12 @@ class FileSystem:
         ``reuse``: ``path`` may exist, and is overwritten in place; else it must not.
         """
         fd = self.open(path, os.O_WRONLY | os.O_CREAT | (0 if reuse else os.O_EXCL))
+        if reuse and not _lock(fd):
+            # A reader holds it (``host inspect`` takes a shared lock): its bytes stay as
+            # they are, and a new file takes the name.
+            self.close(fd)
+            self.unlink(path)
+            fd = self.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         try:
             self.write_all(fd, data)
             if reuse:
@@ -226,6 +238,26 @@ class FileSystem:
         finally:
             if backup is not None:
                 self.unlink(backup)
+
+
+def _lock(fd: int) -> bool:
+    """Take an exclusive ``flock`` on ``fd`` without waiting; ``False`` when it is held."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def read_whole(path: str) -> bytes:
+    """Read a file that :meth:`FileSystem.write_swap` replaces, never mid-overwrite.
+
+    A process beside the host (``host inspect``) may open the checkpoint just before it
+    becomes the spare; the shared lock keeps the next save from overwriting it in place.
+    """
+    with open(path, "rb") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_SH)
+        return f.read()
 
 
 def temp_name(path: str) -> str:

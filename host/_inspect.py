@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any, TextIO
 
 from host._archive import Archive
-from host._fs import FileSystem
+from host._fs import FileSystem, read_whole
 from host._layout import Layout, check_id
 
 
@@ -97,8 +97,7 @@ class Inspector:
 
     def checkpoint(self, sid: str) -> dict[str, Any] | None:
         try:
-            with open(self.layout.inflight(sid), "rb") as f:
-                return dict(json.loads(f.read()))
+            return dict(json.loads(read_whole(self.layout.inflight(sid))))
         except FileNotFoundError:
             return None
         except ValueError:

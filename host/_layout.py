@@ -30,14 +30,9 @@ def check_id(value: str, what: str = "id") -> str:
     return value
 
 
-_LEFTOVERS = (
-    ".jsonl.deleted",
-    ".meta.json",
-    ".inflight.json",
-    ".inflight.spare",
-    ".intent.json",
-    ".jsonl.quarantine",
-)
+_LEFTOVERS = (".jsonl.deleted", ".meta.json", ".inflight.json", ".intent.json", ".jsonl.quarantine")
+SPARE = ".inflight.spare"
+"""A checkpoint's spare: a temp file, removed at every start with the ``*.tmp`` files."""
 
 
 class Layout:
@@ -64,7 +59,7 @@ class Layout:
 
     def inflight_spare(self, session_id: str) -> str:
         """The temp file a checkpoint replace reuses (:meth:`FileSystem.write_swap`)."""
-        return self._session_file(session_id, ".inflight.spare")
+        return self._session_file(session_id, SPARE)
 
     def intent(self, session_id: str) -> str:
         return self._session_file(session_id, ".intent.json")

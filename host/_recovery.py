@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from host._index import Row, SessionRow, now_iso
+from host._layout import SPARE
 from host._messages import Message, pager_json, parse_stored
 from host._transcript import FileStamp, Piece, Transcript, iter_lines
 
@@ -250,12 +251,17 @@ def _mtime_iso(stamp: FileStamp) -> str:
 
 
 def remove_temp_files(store: Store) -> int:
-    """Remove every leftover ``*.tmp`` under the sessions and revisions folders."""
+    """Remove every leftover ``*.tmp`` under the sessions and revisions folders.
+
+    Checkpoint spares go too: a start cannot know that the last swap reached the disk, so
+    the spare's file may be what the disk still calls the checkpoint, never to be
+    overwritten in place; and one a crash left without a checkpoint would stay forever.
+    """
     n = 0
     for folder in (store.layout.sessions, store.layout.revisions_root):
         for dirpath, _dirs, files in os.walk(folder):
             for name in files:
-                if name.endswith(".tmp"):
+                if name.endswith((".tmp", SPARE)):
                     store.fs.unlink(os.path.join(dirpath, name))
                     log.info("removed stale temp file %s", os.path.join(dirpath, name))
                     n += 1

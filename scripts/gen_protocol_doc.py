@@ -203,7 +203,9 @@ LAYOUT_OUTRO = """
 - `sessions/<id>.inflight.json` is the streaming checkpoint (ADR 0153):
   `{"sessionId", "turnId", "messageId", "message", "savedAt"}`, one per session.
 - `sessions/<id>.inflight.spare` is the checkpoint before it, kept as the temp file the next
-  save overwrites (see Durability). It is never read; it goes with its checkpoint.
+  save overwrites (see Durability). The host never reads it; it goes with its checkpoint
+  and at every start. Read a live checkpoint under a shared `flock` (as `host inspect`
+  does) and no save overwrites the file while you read it.
 - `sessions/<id>.intent.json` is written before a change that touches the archive and the
   transcript (`saveActiveRevision`, `activateRevision`, a `truncateFrom` that archives or
   restamps its root): what the archive manifest, the cut and the stamp will be. Every step
@@ -245,10 +247,12 @@ An answer to a write means it is on disk. The order of every write (`host/_store
 - **Checkpoint** (`saveInflightMessage`): the same recipe with the temp file kept between
   saves. `<id>.inflight.spare` is overwritten in place and cut to length, `fsync`, then
   swapped with the checkpoint in one `renameat2(RENAME_EXCHANGE)`, folder `fsync`; the old
-  checkpoint becomes the next save's spare. A failed folder fsync swaps them back. A reply
+  checkpoint becomes the next save's spare. A failed folder fsync swaps them back and
+  removes the spare (the disk may still call its file the checkpoint). A reply
   saves many snapshots of one growing message, and reusing the blocks more than halves a
   1 MB replace on ext4 (no allocation at the fsync, no freeing at the rename). Where the
-  swap is not supported (another OS or file system) the spare is renamed over the
+  swap is not supported (another OS or file system, or a seccomp filter that denies
+  `renameat2`) the spare is renamed over the
   checkpoint as above.
 - **Truncation** (`truncateFrom`): the bytes to cut are read once (O(cut)); a cut that
   archives a branch or restamps its root records an intent first; then the transcript is
@@ -263,7 +267,8 @@ At start, before the first request is read (`host/_service.py`, `host/_recovery.
 
 1. Unfinished intents are applied to the files (a cut whose bytes no longer match is
    dropped as stale).
-2. Stale `*.tmp` files under `sessions/` and `revisions/` are removed.
+2. Stale `*.tmp` files under `sessions/` and `revisions/` are removed, and every checkpoint
+   spare (`*.inflight.spare`): the last swap may not have reached the disk.
 3. Index rows of sessions whose transcript is gone are dropped.
 4. **Reconciliation by file stamp**: each transcript whose inode, size or mtime (ns) differs
    from what the index recorded is scanned; a clean session costs one `stat`, so start is

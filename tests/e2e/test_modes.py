@@ -21,10 +21,6 @@ async def test_files_are_0600_and_folders_0700_even_with_umask_000(
     await c.call("session.updateMessage", sessionId="s", message=msg("a", content="b"))  # rewrite
     await c.call("session.replaceMessages", sessionId="s", messages=[msg("x"), msg("y")])
     await c.call("session.deleteMessages", sessionId="s", messageIds=["x"])
-    await c.call("session.beginTurn", sessionId="s", turnId="t")
-    for text in ("a", "ab"):  # the second keeps the first as the spare
-        params = {"sessionId": "s", "turnId": "t", "message": msg("r", "assistant", content=text)}
-        await c.call("session.saveInflightMessage", **params)
     assert await host.stop() == 0
     with open(transcript(data_dir, "s"), "ab") as f:
         f.write(b"garbage\n")  # quarantined at the next start: a file the host creates
@@ -32,6 +28,10 @@ async def test_files_are_0600_and_folders_0700_even_with_umask_000(
     assert host.client is not None
     await host.client.handshake()
     await host.client.call("session.get", sessionId="s")
+    await host.client.call("session.beginTurn", sessionId="s", turnId="t")
+    for text in ("a", "ab"):  # the second keeps the first as the spare
+        params = {"sessionId": "s", "turnId": "t", "message": msg("r", "assistant", content=text)}
+        await host.client.call("session.saveInflightMessage", **params)
     assert (data_dir / "sessions" / "s.jsonl.quarantine").exists()
     wrong = []
     paths = [data_dir, *data_dir.rglob("*")]

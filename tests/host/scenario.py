@@ -60,7 +60,8 @@ async def state(data: str) -> Any:
         checkpoint = Path(data, "sessions", "s.inflight.json").exists()
     report = io.StringIO()
     assert await verify(data, out=report) == 0, report.getvalue()
-    leftovers = [p.name for p in Path(data).rglob("*") if p.name.endswith((".tmp", ".intent.json"))]
+    temp = (".tmp", ".intent.json", ".inflight.spare")
+    leftovers = [p.name for p in Path(data).rglob("*") if p.name.endswith(temp)]
     assert leftovers == []
     return page["messages"], revs, checkpoint, orphans
 

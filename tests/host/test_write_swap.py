@@ -7,11 +7,14 @@ or a kernel without ``RENAME_EXCHANGE`` would give them.
 from __future__ import annotations
 
 import errno
+import fcntl
+import os
 from pathlib import Path
 
 import pytest
 
 from host import FileSystem
+from host._fs import read_whole
 
 
 def swap(fs: FileSystem, folder: Path, data: bytes) -> None:
@@ -38,18 +41,38 @@ def test_the_old_file_becomes_the_spare_and_is_overwritten_whole(tmp_path: Path)
 
 
 class NoExchange(FileSystem):
-    """A kernel or file system without RENAME_EXCHANGE."""
+    """A kernel, file system or seccomp filter without RENAME_EXCHANGE."""
+
+    def __init__(self, code: int) -> None:
+        self.code = code
 
     def exchange(self, a: str, b: str) -> None:
-        raise OSError(errno.EINVAL, "Invalid argument")
+        raise OSError(self.code, os.strerror(self.code))
 
 
-def test_without_the_exchange_the_spare_is_renamed_over_the_file(tmp_path: Path) -> None:
-    fs = NoExchange()
+@pytest.mark.parametrize("code", [errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM])
+def test_without_the_exchange_the_spare_is_renamed_over_the_file(tmp_path: Path, code: int) -> None:
+    fs = NoExchange(code)
     for data in (b"one", b"two", b"three"):
         swap(fs, tmp_path, data)
         assert (tmp_path / "cp.json").read_bytes() == data
         assert names(tmp_path) == ["cp.json"]
+
+
+def test_a_file_a_reader_holds_is_never_overwritten_in_place(tmp_path: Path) -> None:
+    """A reader beside the host (``read_whole``, as ``host inspect`` reads) sees a whole file."""
+    fs = FileSystem()
+    swap(fs, tmp_path, b"one")
+    swap(fs, tmp_path, b"two")
+    with open(tmp_path / "cp.json", "rb") as reader:
+        fcntl.flock(reader.fileno(), fcntl.LOCK_SH)  # what read_whole takes
+        swap(fs, tmp_path, b"three")  # the reader's file becomes the spare...
+        swap(fs, tmp_path, b"four")  # ...and would be overwritten here
+        assert reader.read() == b"two"
+    assert (tmp_path / "cp.json").read_bytes() == b"four"
+    assert read_whole(str(tmp_path / "cp.json")) == b"four"
+    swap(fs, tmp_path, b"five")  # no reader now: the spare is reused again
+    assert (tmp_path / "cp.json").read_bytes() == b"five"
 
 
 class FailingFolderSync(FileSystem):
@@ -72,6 +95,8 @@ def test_a_failed_folder_fsync_swaps_the_old_file_back(tmp_path: Path) -> None:
         swap(fs, tmp_path, b"three")
     assert err.value.errno == errno.EIO
     assert (tmp_path / "cp.json").read_bytes() == b"two"  # the failed replace changed nothing
+    # The disk may still call the spare's file the checkpoint: it is never reused in place.
+    assert names(tmp_path) == ["cp.json"]
 
 
 class FailingFsync(FileSystem):
