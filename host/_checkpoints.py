@@ -84,13 +84,13 @@ class Checkpoints:
 
     def save(self, cp: Checkpoint) -> None:
         """Replace the session's checkpoint atomically."""
-        self._known.pop(cp.session_id, None)  # a failed replace may leave either file
         sid = cp.session_id
+        self._known.pop(sid, None)  # a failed replace may leave either file
         self.fs.write_swap(
             self.layout.inflight(sid), self.layout.inflight_spare(sid), _ENC.encode(cp)
         )
-        self.present.add(cp.session_id)
-        self._known[cp.session_id] = cp.turn_id, cp.message_id
+        self.present.add(sid)
+        self._known[sid] = cp.turn_id, cp.message_id
 
     def remove(self, session_id: str) -> None:
         """Remove the session's checkpoint durably.

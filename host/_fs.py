@@ -132,8 +132,8 @@ class FileSystem:
     def exchange(self, a: str, b: str) -> None:
         """Swap the files named ``a`` and ``b`` in one step (``renameat2`` RENAME_EXCHANGE).
 
-        ``OSError`` EINVAL, ENOSYS or EOPNOTSUPP where the kernel, the C library or the
-        file system cannot.
+        ``OSError`` EINVAL, ENOSYS, EOPNOTSUPP or EPERM where the kernel, the C library,
+        the file system or a seccomp filter will not.
         """
         if _renameat2 is None:
             raise OSError(errno.ENOSYS, "renameat2 is not in this C library", a)
