@@ -37,11 +37,16 @@ serve: $(STAMP)
 	mkdir -p -m 0700 $(RUNDIR)
 	nohup $(BIN)/python -m host serve --data-dir $(DATA)/service --socket $(RUNDIR)/host.sock \
 		>>$(RUNDIR)/host.log 2>&1 & echo $$! > $(RUNDIR)/host.pid
-	for i in $$(seq 100); do test -S $(RUNDIR)/host.sock && break; sleep 0.1; done
-	test -S $(RUNDIR)/host.sock && echo "host serving on $(RUNDIR)/host.sock (pid $$(cat $(RUNDIR)/host.pid), log $(RUNDIR)/host.log)"
+	for i in $$(seq 100); do test -S $(RUNDIR)/host.sock && break; kill -0 $$(cat $(RUNDIR)/host.pid) 2>/dev/null || break; sleep 0.1; done
+	kill -0 $$(cat $(RUNDIR)/host.pid) 2>/dev/null && test -S $(RUNDIR)/host.sock \
+		&& echo "host serving on $(RUNDIR)/host.sock (pid $$(cat $(RUNDIR)/host.pid), log $(RUNDIR)/host.log)" \
+		|| { echo "host did not start: $$(tail -1 $(RUNDIR)/host.log)"; rm -f $(RUNDIR)/host.pid; exit 1; }
 
+# SIGTERM, then wait for the exit (in-flight calls finish; a slow client is waited for
+# up to 30 s), so that a `make serve` right after finds the data dir free.
 stop:
-	test -f $(RUNDIR)/host.pid && kill $$(cat $(RUNDIR)/host.pid) && rm -f $(RUNDIR)/host.pid || true
+	test -f $(RUNDIR)/host.pid || exit 0; pid=$$(cat $(RUNDIR)/host.pid); kill $$pid 2>/dev/null; \
+	for i in $$(seq 400); do kill -0 $$pid 2>/dev/null || break; sleep 0.1; done; rm -f $(RUNDIR)/host.pid
 
 schema: $(STAMP)
 	$(BIN)/python scripts/gen_schema.py

@@ -302,27 +302,61 @@ def _clear_stale_socket(path: str) -> None:
     raise DataDirBusy(f"socket {path} is already served by another process")
 
 
-async def serve_socket(host: Host, path: str) -> None:
-    """Serve any number of connections on a Unix socket (mode 0600) until shutdown."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), mode=DIR_MODE, exist_ok=True)
-    _clear_stale_socket(path)
-    clients: set[asyncio.Task[None]] = set()
-    old = os.umask(0o177)
-    try:
-        server = await asyncio.get_running_loop().create_unix_server(
-            lambda: _Client(host, clients), path
-        )
-    finally:
-        os.umask(old)
-    os.chmod(path, 0o600)
-    log.info("serving on %s", path)
-    try:
-        await host.shutdown_requested.wait()
-    finally:
-        server.close()
-        await asyncio.gather(*list(clients), return_exceptions=True)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+class _Listener:
+    """A Unix socket (mode 0600), bound before recovery and served after it.
+
+    Bound first so a bad or busy path fails at once, not after a long recovery; clients
+    that connect meanwhile wait in the backlog. At shutdown the path is unlinked as soon as
+    the socket stops listening, and only while it is still this host's: a newer host may
+    have taken the path while this one waits for its slow clients.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.clients: set[asyncio.Task[None]] = set()
+        self.host: Host | None = None
+        self.server: asyncio.AbstractServer | None = None
+        self.ident: tuple[int, int] | None = None
+
+    async def bind(self) -> None:
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), mode=DIR_MODE, exist_ok=True)
+        _clear_stale_socket(self.path)
+        old = os.umask(0o177)
+        try:
+            self.server = await asyncio.get_running_loop().create_unix_server(
+                self._client, self.path, start_serving=False
+            )
+        finally:
+            os.umask(old)
+        os.chmod(self.path, 0o600)
+        st = os.stat(self.path)
+        self.ident = st.st_dev, st.st_ino
+
+    def _client(self) -> _Client:
+        assert self.host is not None, "connections are accepted only once serving"
+        return _Client(self.host, self.clients)
+
+    async def serve(self, host: Host) -> None:
+        """Serve every connection until shutdown, then wait for the clients to finish."""
+        assert self.server is not None
+        self.host = host
+        await self.server.start_serving()
+        log.info("serving on %s", self.path)
+        try:
+            await host.shutdown_requested.wait()
+        finally:
+            self.close()
+            await asyncio.gather(*list(self.clients), return_exceptions=True)
+
+    def close(self) -> None:
+        """Stop listening and remove the path if it is still this socket (idempotent)."""
+        if self.server is not None:
+            self.server.close()
+        with contextlib.suppress(OSError):
+            st = os.stat(self.path)
+            if (st.st_dev, st.st_ino) == self.ident:
+                os.unlink(self.path)
+        self.ident = None
 
 
 async def serve(data_dir: str, socket_path: str | None) -> int:
@@ -332,21 +366,37 @@ async def serve(data_dir: str, socket_path: str | None) -> int:
     except DataDirBusy as exc:
         log.error("%s", exc)
         return 3
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()  # a signal during recovery: finish it, then exit 0 unserved
+    signals = (signal.SIGTERM, signal.SIGINT)
+    for sig in signals:
+        loop.add_signal_handler(sig, stop.set)
+    listener = _Listener(socket_path) if socket_path else None
     try:
-        async with Host.open(data_dir) as host:
-            tune_gc()
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, host.shutdown_requested.set)
+        if listener is not None:
             try:
-                if socket_path:
-                    await serve_socket(host, socket_path)
-                else:
-                    await serve_stdio(host)
+                await listener.bind()
             except DataDirBusy as exc:
                 log.error("%s", exc)
                 return 3
+            except OSError as exc:
+                log.error("cannot listen on %s: %s", socket_path, exc)
+                return 2
+        async with Host.open(data_dir) as host:
+            tune_gc()
+            for sig in signals:
+                loop.add_signal_handler(sig, host.shutdown_requested.set)
+            if stop.is_set():
+                host.shutdown_requested.set()
+            if listener is not None:
+                await listener.serve(host)
+            else:
+                await serve_stdio(host)
         log.info("host stopped")
         return 0
     finally:
+        if listener is not None:
+            listener.close()
+        for sig in signals:
+            loop.remove_signal_handler(sig)
         os.close(lock_fd)

@@ -469,7 +469,9 @@ read and the write inside one hold of the lock instead:
 - One host per data dir: a second `serve` (or `verify --repair`) on the same dir exits at once
   with a message naming the pid that holds `host.lock`. A socket path that another process
   still answers on is refused the same way; a leftover socket file nobody answers on is
-  removed.
+  removed. The socket is bound before start-up recovery (clients that connect meanwhile
+  wait to be accepted), so a bad or busy path fails at once. At stop the host stops
+  listening, removes the socket file if it is still its own, then waits for slow clients.
 """
 
 COMMAND_LINE = """\
@@ -477,8 +479,9 @@ COMMAND_LINE = """\
 
 - `python -m host serve --data-dir DIR [--socket PATH] [--log-level L]`, `L` one of `debug`,
   `info` (default), `warning`, `error`. Exit status: 0 after end of input, `host.shutdown`
-  or SIGTERM; 3 when the data dir (or the socket) is in use by another process; 2 for a
-  usage error.
+  or SIGTERM (also one that comes during start-up recovery: the host finishes recovering,
+  then exits); 3 when the data dir (or the socket) is in use by another process; 2 for a
+  usage error or a socket path that cannot be bound (too long, a folder it cannot make).
 - `python -m host verify --data-dir DIR [--repair]` checks every transcript against the
   index and prints each disagreement (torn tail, corrupt or duplicate line, a row or count
   that differs). Exit status 0 when all agree, 1 otherwise (or when `DIR` has no

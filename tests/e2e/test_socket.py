@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import socket
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -137,3 +140,71 @@ async def test_a_socket_path_that_is_a_regular_file_is_left_alone(
     assert precious.read_bytes() == b"my notes"
     assert served is None
     assert await host.wait() != 0
+
+
+async def test_a_socket_path_too_long_is_a_usage_error(
+    start_host: StartHost, tmp_path: Path
+) -> None:
+    host = await start_host(socket=tmp_path / ("x" * 120 + ".sock"), ready=False)
+    assert await host.wait() == 2
+    assert "cannot listen on" in host.log
+    assert "Traceback" not in host.log
+
+
+async def test_a_signal_during_recovery_ends_the_host_cleanly(
+    start_host: StartHost, tmp_path: Path, data_dir: Path
+) -> None:
+    sessions = data_dir / "sessions"
+    sessions.mkdir(parents=True)
+    for i in range(1000):  # transcripts without an index: start indexes every one
+        (sessions / f"s{i}.jsonl").write_bytes(dumps(msg(f"m{i}")) + b"\n")
+    sock = tmp_path / "host.sock"
+    host = await start_host(socket=sock, ready=False)
+    await host.wait_for_log("reconciled")  # recovery has begun
+    host.proc.send_signal(signal.SIGTERM)
+    assert await host.wait() == 0
+    assert "Traceback" not in host.log
+    assert not sock.exists()
+
+
+async def test_a_stopping_host_leaves_a_newer_hosts_socket_alone(
+    start_host: StartHost, tmp_path: Path
+) -> None:
+    """A host that waits for a slow client at stop has stopped listening: another host may
+    take the path meanwhile, and the first must not unlink that host's socket on exit."""
+    sock = tmp_path / "host.sock"
+    first = await start_host(tmp_path / "a", socket=sock)
+    slow = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # a client that reads nothing
+    slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
+    slow.connect(str(sock))
+
+    def line(rid: int, method: str, params: dict[str, Any]) -> bytes:
+        return dumps({"jsonrpc": "2.0", "id": rid, "method": method, "params": params}) + b"\n"
+
+    big = msg("m", content="x" * 500_000)
+    gets = b"".join(line(4 + i, "session.get", {"sessionId": "s"}) for i in range(40))
+    slow.sendall(
+        line(1, "handshake", {"protocolVersion": 11})
+        + line(2, "session.create", {"sessionId": "s"})
+        + line(3, "session.appendMessage", {"sessionId": "s", "message": big})
+        + gets
+    )  # 20 MB of answers back up in the host
+
+    def read_all() -> int:
+        with slow, slow.makefile("rb") as f:
+            return sum(1 for _ in f)
+
+    watcher = await first.connect()
+    await watcher.handshake()
+    for _ in range(2000):  # bounded polling of the outcome: every get answered
+        stats = await watcher.call("host.stats")
+        if stats["methods"].get("session.get", {}).get("count") == 40:
+            break
+    first.proc.send_signal(signal.SIGTERM)
+    await first.wait_for_log("closing: waiting for the client")
+    second = await start_host(tmp_path / "b", socket=sock)  # the path answers nobody now
+    assert await asyncio.to_thread(read_all) == 43  # every answer, then the host's close
+    assert await first.wait() == 0
+    c = await second.connect()
+    await c.handshake()  # still reachable at the path
+    assert (await c.call("session.list")) == {"sessions": []}
