@@ -162,6 +162,9 @@ class Archive:
         if not os.path.isdir(base):
             return 0
         for root_id in os.listdir(base):
+            if not os.path.isdir(os.path.join(base, root_id)):
+                log.warning("%s: not a revision folder, left alone", os.path.join(base, root_id))
+                continue
             for name in self.unnamed(session_id, root_id):
                 self.fs.unlink(os.path.join(base, root_id, name))
                 removed += 1

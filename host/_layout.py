@@ -14,6 +14,7 @@ DIR/revisions/<id>/<rootId>/          archived regenerate branches (ADR 0060)
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 
@@ -21,6 +22,7 @@ from host._errors import InvalidParams
 from host._wire import ID_PATTERN
 
 _ID = re.compile(ID_PATTERN)
+log = logging.getLogger("host.layout")
 
 
 def check_id(value: str, what: str = "id") -> str:
@@ -100,9 +102,18 @@ class Layout:
         return out
 
     def transcript_ids(self) -> list[str]:
-        """Session ids that have a transcript file, sorted."""
+        """Session ids that have a transcript file, sorted.
+
+        A directory or a symlink of that name is no transcript: it is logged and left alone,
+        so it cannot stop a start.
+        """
         out = []
-        for name in os.listdir(self.sessions):
-            if name.endswith(".jsonl") and _ID.match(name[: -len(".jsonl")]):
-                out.append(name[: -len(".jsonl")])
+        with os.scandir(self.sessions) as entries:
+            for e in entries:
+                if not (e.name.endswith(".jsonl") and _ID.match(e.name[: -len(".jsonl")])):
+                    continue
+                if e.is_file(follow_symlinks=False):
+                    out.append(e.name[: -len(".jsonl")])
+                else:
+                    log.warning("%s: not a regular file, so not a transcript: left alone", e.path)
         return sorted(out)

@@ -497,3 +497,25 @@ async def test_activating_a_damaged_revision_changes_nothing(
     assert "error" in resp and resp["error"]["code"] != -32603, resp
     assert transcript(data_dir, "s").read_bytes() == before
     assert _ids(await get_messages(client, "s")) == ["u1", "a2"]
+
+
+@pytest.mark.parametrize("kind", ["directory", "dangling symlink", "stray file in revisions"])
+async def test_an_odd_entry_in_the_data_dir_does_not_stop_a_start(
+    start_host: StartHost, data_dir: Path, built: dict[str, list[dict[str, Any]]], kind: str
+) -> None:
+    """Found at 77bc23c: each of these made the start fail with a traceback."""
+    odd = data_dir / "sessions" / "x.jsonl"
+    if kind == "directory":
+        odd.mkdir()
+    elif kind == "dangling symlink":
+        odd.symlink_to(data_dir / "nowhere")
+    else:
+        (data_dir / "revisions" / "s").mkdir(parents=True, exist_ok=True)
+        (data_dir / "revisions" / "s" / "m0").write_bytes(b"not a folder")
+    host, client = await _start(start_host, data_dir)
+    assert _ids(await get_messages(client, "s")) == _ids(built["s"])
+    await _other_untouched(client, built)
+    assert "left alone" in host.log
+    assert await host.stop() == 0
+    code, out = await _verify(data_dir)
+    assert (code, "Traceback" in out) == (0, False), out
