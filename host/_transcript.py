@@ -134,21 +134,20 @@ def iter_lines(
 
     ``complete`` is false only for a last line with no newline (a torn tail).
     """
-    buf = b""
-    pos = offset
+    buf = bytearray()
+    pos = offset  # the file offset of buf[0]
+    scanned = 0  # buf[:scanned] holds no newline: a long line is searched once, not per chunk
     while True:
         data = fs.pread(fd, chunk, pos + len(buf))
         if not data:
             if buf:
-                yield pos, buf, False
+                yield pos, bytes(buf), False
             return
         buf += data
         start = 0
-        while True:
-            nl = buf.find(b"\n", start)
-            if nl < 0:
-                break
-            yield pos + start, buf[start:nl], True
+        while (nl := buf.find(b"\n", max(start, scanned))) >= 0:
+            yield pos + start, bytes(buf[start:nl]), True
             start = nl + 1
+        del buf[:start]  # in place: a growing line is never copied whole per chunk
         pos += start
-        buf = buf[start:]
+        scanned = len(buf)

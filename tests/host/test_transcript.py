@@ -106,3 +106,19 @@ def test_iter_lines_of_whole_lines_has_no_torn_tail(t: Transcript) -> None:
     assert _lines(t, sum(map(len, LINES))) == []
     t.write(b"\n")  # an empty line is a line (and not a valid message)
     assert _lines(t)[-1] == (sum(map(len, LINES)), b"", True)
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 7, 64])
+def test_lines_come_out_whole_whatever_the_read_size(tmp_path: Path, chunk: int) -> None:
+    lines = [b"", b"a", b"bb" * 40, b"", b"ccc", b"d" * 5]
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\ntorn")
+    fs = FileSystem()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        got = list(iter_lines(fs, fd, 0, chunk))
+    finally:
+        os.close(fd)
+    offsets = [sum(len(x) + 1 for x in lines[:i]) for i in range(len(lines) + 1)]
+    want = [(offsets[i], x, True) for i, x in enumerate(lines)] + [(offsets[-1], b"torn", False)]
+    assert got == want
