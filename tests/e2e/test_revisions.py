@@ -504,12 +504,17 @@ async def test_a_root_that_is_not_a_user_message_is_invalid_params(
     assert await everything(client, data_dir) == before
 
 
+async def prompt_and_reply(c: Client) -> None:
+    """Session ``s`` holding the user root ``u0`` and its reply ``a0``."""
+    await c.call("session.create", sessionId="s")
+    await c.call("session.appendMessage", sessionId="s", message=msg("u0"))
+    await c.call("session.appendMessage", sessionId="s", message=reply("a0"))
+
+
 async def test_a_revision_with_a_repeated_id_is_refused_before_anything_changes(
     client: Client, data_dir: Path
 ) -> None:
-    await client.call("session.create", sessionId="s")
-    await client.call("session.appendMessage", sessionId="s", message=msg("u0"))
-    await client.call("session.appendMessage", sessionId="s", message=reply("a0"))
+    await prompt_and_reply(client)
     before = await everything(client, data_dir)
     err = await fails(
         client, "session.saveRevision", sessionId="s", rootId="u0", messages=[reply("x")] * 2
@@ -522,9 +527,7 @@ async def test_an_activate_refused_as_a_conflict_writes_nothing(
     client: Client, data_dir: Path
 ) -> None:
     """The ids are checked before the current branch's payload is written, not after."""
-    await client.call("session.create", sessionId="s")
-    await client.call("session.appendMessage", sessionId="s", message=msg("u0"))
-    await client.call("session.appendMessage", sessionId="s", message=reply("a0"))
+    await prompt_and_reply(client)
     await client.call("session.saveActiveRevision", sessionId="s")  # revision 0 holds a0
     await client.call("session.truncateFrom", sessionId="s", fromMessageId="a0")
     await client.call("session.appendMessage", sessionId="s", message=reply("a1"))

@@ -100,15 +100,20 @@ async def streaming(data: str) -> Strict:
     return Strict(data)  # tracks from here: all of the above is durable
 
 
+async def two_answered(call: Client, fs: Strict) -> None:
+    """Save snapshots 1 and 2, the first ones tracked: 2 is answered, so it must survive."""
+    fs.arm()
+    assert await save(call, 1) == {"saved": True}
+    assert await save(call, 2) == {"saved": True}
+
+
 async def test_a_save_after_a_kill_between_swap_and_folder_fsync_keeps_a_whole_one(
     tmp_path: Path,
 ) -> None:
     data = str(tmp_path / "data")
     fs = await streaming(data)
     async with open_host(data, fs) as call:
-        fs.arm()
-        assert await save(call, 1) == {"saved": True}
-        assert await save(call, 2) == {"saved": True}  # answered: it must survive
+        await two_answered(call, fs)
         fs.crash_on_fsync_dir = True
         with pytest.raises(Crash):
             await save(call, 3)  # swapped, then the process dies
@@ -125,9 +130,7 @@ async def test_a_save_after_a_failed_folder_fsync_keeps_a_whole_one(tmp_path: Pa
     data = str(tmp_path / "data")
     fs = await streaming(data)
     async with open_host(data, fs) as call:
-        fs.arm()
-        assert await save(call, 1) == {"saved": True}
-        assert await save(call, 2) == {"saved": True}  # answered: it must survive
+        await two_answered(call, fs)
         fs.eio_after_fsync_dir = True
         with pytest.raises(OSError):
             await save(call, 3)  # STORAGE_ERROR (mapped by the endpoint): swapped back, unsynced
