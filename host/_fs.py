@@ -164,11 +164,8 @@ class FileSystem:
         self._write_file(spare, data, reuse=True)
         try:
             self.exchange(spare, path)
-        except FileNotFoundError:  # the first replace: the spare becomes the file
-            self._install(spare, path)
-            return
-        except OSError as exc:
-            if exc.errno not in _NO_EXCHANGE:
+        except OSError as exc:  # ENOENT: the first replace, so the spare becomes the file
+            if exc.errno != errno.ENOENT and exc.errno not in _NO_EXCHANGE:
                 raise
             self._install(spare, path)
             return
