@@ -42,6 +42,8 @@ from host._wire import (
     ID_ONLY,
     MAX_LINE,
     PROTOCOL_VERSION,
+    REQUEST,
+    REQUEST_TYPES,
     HandshakeParams,
     HandshakeResult,
 )
@@ -115,7 +117,7 @@ class Connection:
             self._spawn_send(_error(None, LimitExceeded("request line over 64 MiB").to_object()))
             return
         assert isinstance(line, bytes)
-        if not line.strip():
+        if not line or line.isspace():  # no copy of a 1 MB line, as strip() would make
             return  # blank lines between messages are tolerated
         try:
             if not line.isascii():  # no copy for the usual case
@@ -123,7 +125,9 @@ class Connection:
         except UnicodeDecodeError as exc:
             self._spawn_send(_error(None, ParseError(f"parse error: {exc}").to_object()))
             return
-        first = line.lstrip()[:1]
+        first = line[:1]
+        if first.isspace():  # rare: only then a copy
+            first = line.lstrip()[:1]
         try:
             if first == b"[":
                 items = BATCH.decode(line)
@@ -144,6 +148,10 @@ class Connection:
             self._spawn_send(_error(None, ParseError(f"parse error: {exc}").to_object()))
 
     def _start(self, item: bytes, *, reply: bool) -> bytes | asyncio.Task[bytes | None] | None:
+        if self.handshaken and (req := _one_pass(item)) is not None and req[0] in self.handlers:
+            method, params, rid = req
+            note = rid is UNSET
+            return self._call(method, params, None if note else rid, reply=reply, note=note)
         try:
             env = ENVELOPE.decode(item)  # a DecodeError (not JSON) goes up to feed()
         except msgspec.ValidationError as exc:
@@ -183,6 +191,12 @@ class Connection:
             known = method in self.handlers or method in ("handshake", "$/cancelRequest")
             self.stats.record(method if known else "(unknown method)", 0.0, False)
             return None if note else _error(rid, exc.to_object())
+        return self._call(method, params, rid, reply=reply, note=note)
+
+    def _call(
+        self, method: str, params: Any, rid: Any, *, reply: bool, note: bool
+    ) -> asyncio.Task[bytes | None]:
+        """Start the task that runs a decoded call of a known method."""
         call = CallState(method)
         task = asyncio.get_running_loop().create_task(
             self._run(call, self.handlers[method], params, rid, note, reply)
@@ -336,6 +350,20 @@ class _AnyVersion(msgspec.Struct, rename="camel"):
 
 
 _ANY_VERSION = msgspec.json.Decoder(_AnyVersion)
+
+
+def _one_pass(item: bytes) -> tuple[str, Struct, Any] | None:
+    """``(method, params, id)`` of a valid request decoded in one pass, else ``None``.
+
+    ``None`` sends the request the two-phase way, which alone decides its error.
+    """
+    try:
+        req = REQUEST.decode(item)
+    except (msgspec.MsgspecError, RecursionError):
+        return None
+    if req.jsonrpc != "2.0" or req.params is UNSET:
+        return None
+    return REQUEST_TYPES[type(req)], req.params, req.id
 
 
 def _version_mismatch(params_raw: Raw | bytes) -> None:
