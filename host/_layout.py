@@ -101,19 +101,25 @@ class Layout:
                     out.append((sid, os.path.join(self.sessions, name)))
         return out
 
-    def transcript_ids(self) -> list[str]:
+    def transcript_ids(self, *, report: bool = False) -> list[str]:
         """Session ids that have a transcript file, sorted.
 
-        A directory or a symlink of that name is no transcript: it is logged and left alone,
-        so it cannot stop a start.
+        A directory or a symlink of that name is no transcript, nor a ``.jsonl`` file whose
+        name is no legal id (a copy named by hand): each is left alone, so it cannot stop a
+        start, and logged when ``report`` (once per start: recovery's listing).
         """
         out = []
         with os.scandir(self.sessions) as entries:
             for e in entries:
-                if not (e.name.endswith(".jsonl") and _ID.match(e.name[: -len(".jsonl")])):
+                if not e.name.endswith(".jsonl"):
                     continue
-                if e.is_file(follow_symlinks=False):
+                if not _ID.match(e.name[: -len(".jsonl")]):
+                    why = "not a legal session id"
+                elif e.is_file(follow_symlinks=False):
                     out.append(e.name[: -len(".jsonl")])
+                    continue
                 else:
-                    log.warning("%s: not a regular file, so not a transcript: left alone", e.path)
+                    why = "not a regular file"
+                if report:
+                    log.warning("%s: %s, so not a transcript: left alone", e.path, why)
         return sorted(out)

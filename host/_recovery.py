@@ -272,7 +272,7 @@ async def recover(store: Store, *, full: bool = False) -> Report:
     """Run start-up recovery over the whole data dir; ``full`` rescans every transcript."""
     report = Report()
     report.temp_files_removed = remove_temp_files(store)
-    on_disk = set(store.layout.transcript_ids())
+    on_disk = set(store.layout.transcript_ids(report=True))
     indexed = {row.session_id: row for row in await store.index.sessions()}
     for sid in sorted(set(indexed) - on_disk):
         log.warning("session %s: index row without transcript dropped", sid)

@@ -75,7 +75,7 @@ async def _check(store: Store, out: TextIO) -> int:
         problems += 1
         print(f"{sid}: {what}", file=out)
 
-    on_disk = layout.transcript_ids()
+    on_disk = layout.transcript_ids(report=True)
     rows_by_session = {r.session_id: r for r in await index.sessions()}
     for sid in sorted(set(rows_by_session) - set(on_disk)):
         bad(sid, "in the index but has no transcript")

@@ -499,13 +499,22 @@ async def test_activating_a_damaged_revision_changes_nothing(
     assert _ids(await get_messages(client, "s")) == ["u1", "a2"]
 
 
-@pytest.mark.parametrize("kind", ["directory", "dangling symlink", "stray file in revisions"])
+@pytest.mark.parametrize(
+    "kind", ["directory", "dangling symlink", "stray file in revisions", "illegal id"]
+)
 async def test_an_odd_entry_in_the_data_dir_does_not_stop_a_start(
     start_host: StartHost, data_dir: Path, built: dict[str, list[dict[str, Any]]], kind: str
 ) -> None:
-    """Found at 77bc23c: each of these made the start fail with a traceback."""
+    """Found at 77bc23c: each of these made the start fail with a traceback.
+
+    A transcript named with an illegal id (a copy named by hand) was skipped in silence.
+    """
     odd = data_dir / "sessions" / "x.jsonl"
-    if kind == "directory":
+    stray = b'{"id":"m1","role":"user","content":"hi"}\n'
+    if kind == "illegal id":
+        odd = data_dir / "sessions" / "x (copy).jsonl"
+        odd.write_bytes(stray)
+    elif kind == "directory":
         odd.mkdir()
     elif kind == "dangling symlink":
         odd.symlink_to(data_dir / "nowhere")
@@ -519,3 +528,6 @@ async def test_an_odd_entry_in_the_data_dir_does_not_stop_a_start(
     assert await host.stop() == 0
     code, out = await _verify(data_dir)
     assert (code, "Traceback" in out) == (0, False), out
+    if kind == "illegal id":
+        assert f"{odd}: not a legal session id" in host.log
+        assert odd.read_bytes() == stray
