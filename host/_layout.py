@@ -113,13 +113,11 @@ class Layout:
             for e in entries:
                 if not e.name.endswith(".jsonl"):
                     continue
-                if not _ID.match(e.name[: -len(".jsonl")]):
-                    why = "not a legal session id"
-                elif e.is_file(follow_symlinks=False):
-                    out.append(e.name[: -len(".jsonl")])
-                    continue
-                else:
-                    why = "not a regular file"
-                if report:
+                sid = e.name[: -len(".jsonl")]
+                legal = _ID.match(sid) is not None
+                if legal and e.is_file(follow_symlinks=False):
+                    out.append(sid)
+                elif report:
+                    why = "not a regular file" if legal else "not a legal session id"
                     log.warning("%s: %s, so not a transcript: left alone", e.path, why)
         return sorted(out)
