@@ -18,6 +18,7 @@ from typing import Any, TextIO
 from host._archive import Archive
 from host._fs import FileSystem, read_whole
 from host._layout import Layout, check_id
+from host._messages import parse_stored
 
 
 class Inspector:
@@ -86,6 +87,23 @@ class Inspector:
                     yield line, json.loads(raw), length
                 except ValueError:
                     yield line, {"id": "?", "role": "?", "content": "<unreadable line>"}, length
+
+    def stored_lines(self, sid: str) -> tuple[list[bytes], int]:
+        """The transcript's whole lines that are messages, and how many lines are not.
+
+        A last line without its newline is a write in progress or torn by a crash: it is
+        no message either.
+        """
+        lines: list[bytes] = []
+        skipped = 0
+        with open(self.layout.transcript(sid), "rb") as f:
+            for raw in f:
+                line = raw.removesuffix(b"\n")
+                if line != raw and parse_stored(line) is not None:
+                    lines.append(line)
+                else:
+                    skipped += 1
+        return lines, skipped
 
     def count(self, sid: str) -> int:
         row = self.db.execute(
@@ -261,39 +279,49 @@ def export(
     with_revisions: bool = False,
     out: TextIO = sys.stdout,
 ) -> int:
-    """Write a session's transcript (and archived branches) as JSONL or Markdown."""
+    """Write a session's transcript (and archived branches) as JSONL or Markdown.
+
+    It reads the transcript itself, the truth, not the index, which may lag it by a batch
+    (a crash before the batch commit: the next start indexes those lines). JSONL is each
+    stored line verbatim, numbers and key order as they were written. A line that is no
+    message (the host quarantines it at its next start) and a torn last line are left out,
+    and counted on stderr.
+    """
     ins = Inspector(data_dir)
     try:
         sid = check_id(session_id, "sessionId")
-        total = ins.count(sid)
-        msgs = [m for _, m, _ in ins.messages(sid, 0, total)]
-        revisions: dict[str, list[list[dict[str, Any]]]] = {}
+        try:
+            lines, skipped = ins.stored_lines(sid)
+        except FileNotFoundError:
+            raise SystemExit(f"no session {sid!r} in {ins.layout.root}") from None
+        if skipped:
+            print(f"export: {skipped} line(s) of {sid} are no message: left out", file=sys.stderr)
+        revisions: dict[str, list[list[bytes]]] = {}
         if with_revisions:
             for root, _n in ins.roots(sid):
                 revisions[root] = [
-                    [json.loads(x) for x in ins.archive.read(sid, root, r)]
-                    for r in ins.archive.load(sid, root)
+                    ins.archive.read(sid, root, r) for r in ins.archive.load(sid, root)
                 ]
         if fmt == "jsonl":
-            for m in msgs:
-                print(json.dumps(m, ensure_ascii=False), file=out)
+            for line in lines:
+                print(line.decode(), file=out)
             for root, revs in revisions.items():
                 for n, branch in enumerate(revs):
-                    for m in branch:
-                        rec = {"revisionOf": root, "revision": n, "message": m}
-                        print(json.dumps(rec, ensure_ascii=False), file=out)
+                    for line in branch:
+                        head = json.dumps({"revisionOf": root, "revision": n})[:-1]
+                        print(f'{head}, "message": {line.decode()}}}', file=out)
             return 0
         exported = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-        print(f"# Session {sid}\n\n_{total} message(s), exported {exported}_\n", file=out)
-        for m in msgs:
+        print(f"# Session {sid}\n\n_{len(lines)} message(s), exported {exported}_\n", file=out)
+        for m in map(json.loads, lines):
             status = m.get("status", "complete")
             tag = "" if status == "complete" else f" ({status})"
             print(f"## {m.get('role')}{tag} · `{m.get('id')}`\n\n{text_of(m)}\n", file=out)
             for n, branch in enumerate(revisions.get(str(m.get("id")), [])):
                 print(f"> **revision {n}** of the reply to `{m.get('id')}`\n>", file=out)
-                for b in branch:
-                    for line in text_of(b).splitlines() or [""]:
-                        print(f"> {line}", file=out)
+                for b in map(json.loads, branch):
+                    for text in text_of(b).splitlines() or [""]:
+                        print(f"> {text}", file=out)
                 print(file=out)
         return 0
     finally:

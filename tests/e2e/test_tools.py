@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.conftest import Client, HostProcess, StartHost, disk_state, msg, run_cli
+from tests.conftest import Client, HostProcess, StartHost, disk_state, msg, run_cli, transcript
 
 
 async def _conversation(c: Client) -> None:
@@ -91,9 +91,38 @@ async def test_export_jsonl_and_markdown_with_revisions(client: Client, data_dir
     assert "**revision 0** of the reply to `u1`" in out and "> Start at Fourvière." in out
 
 
+async def test_export_is_the_transcript_verbatim_where_the_index_lags_it(
+    host: HostProcess, client: Client, data_dir: Path
+) -> None:
+    """Found at 217ae0e: export read the lines the index knew, and re-encoded each one.
+
+    The index may lag the transcript by a batch (a crash before its commit), so a reply
+    the user was shown as saved was missing from the export; ``1E2`` came out as
+    ``100.0`` and ``1e400`` as ``Infinity``, which is not JSON.
+    """
+    await client.call("session.create", sessionId="s")
+    await client.call("session.appendMessage", sessionId="s", message=msg("m1", "user", "hi"))
+    assert await host.stop() == 0
+    late = b'{"id":"m2","role":"assistant","content":"after the last batch","n":1E2,"x":1e400}'
+    path = transcript(data_dir, "s")
+    with path.open("ab") as f:  # what a crash between the fsync and the batch commit leaves
+        f.write(late + b"\n" + b"not a message\n" + b'{"id":"m3","ro')  # and a torn tail
+    code, out, err = await run_cli("export", "--data-dir", str(data_dir), "s")
+    assert code == 0, err
+    assert out.encode().splitlines() == path.read_bytes().splitlines()[:2]
+    assert out.encode().splitlines()[1] == late
+    assert "2 line(s) of s are no message" in err
+    code, out, err = await run_cli(
+        "export", "--data-dir", str(data_dir), "s", "--format", "markdown"
+    )
+    assert code == 0 and "_2 message(s)" in out and "after the last batch" in out, err
+
+
 async def test_unknown_session_and_bad_id_are_clear_errors(client: Client, data_dir: Path) -> None:
     code, _out, err = await run_cli("inspect", "--data-dir", str(data_dir), "nope")
     assert code != 0 and "no session 'nope'" in err
+    code, _out, err = await run_cli("export", "--data-dir", str(data_dir), "nope")
+    assert code != 0 and "no session 'nope'" in err and "Traceback" not in err
     code, _out, err = await run_cli("export", "--data-dir", str(data_dir), "../etc")
     assert code != 0 and "sessionId" in err and "Traceback" not in err
 
