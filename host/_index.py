@@ -137,14 +137,17 @@ def set_aside_index(path: str) -> str:
     return aside
 
 
-def index_readable(path: str) -> bool:
-    """Whether ``path`` is absent or opens as a SQLite database (a cheap read-only look).
+def index_problem(path: str) -> str | None:
+    """Why the index at ``path`` cannot be used as it is, or ``None`` (also when absent).
 
-    Header, schema and the sessions table only: a full check would cost O(index) at
-    every start. Damage deeper in is met during recovery, which then starts over.
+    A cheap read-only look: the header, the schema, the sessions table and the
+    migrations applied, which must be this host's own, in order (an index of a newer
+    hostcore, or another program's database, is not read with this one's queries). A full
+    check would cost O(index) at every start: damage deeper in is met during recovery,
+    which then starts over.
     """
     if not os.path.exists(path):
-        return True
+        return None
     try:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         try:
@@ -152,11 +155,17 @@ def index_readable(path: str) -> bool:
             names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
             if "sessions" in names:
                 conn.execute("SELECT count(*) FROM sessions").fetchone()
-            return True
+            applied = []
+            if "migrations" in names:
+                applied = [r[0] for r in conn.execute("SELECT name FROM migrations ORDER BY name")]
         finally:
             conn.close()
-    except sqlite3.DatabaseError:
-        return False
+    except sqlite3.DatabaseError as exc:
+        return f"damaged ({exc})"
+    ours = [name for name, _ in MIGRATIONS]
+    if applied != ours[: len(applied)] or (names - {"migrations"} and not applied):
+        return f"of another schema (migrations {applied or 'none'}; this host has {ours})"
+    return None
 
 
 FLUSH_DELAY = 0.05

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 from host._endpoint import Handler, Stats
 from host._fs import FileSystem
 from host._history import HistoryMethods
-from host._index import Index, index_readable, set_aside_index
+from host._index import Index, index_problem, set_aside_index
 from host._layout import Layout
 from host._recovery import Report, recover
 from host._sessions import SessionMethods
@@ -74,12 +74,14 @@ class Host:
             fs.mkdir(folder)
             os.chmod(folder, 0o700)
         for attempt in (1, 2):
-            if attempt == 2 or not index_readable(layout.index):
-                damaged = set_aside_index(layout.index)
+            problem = "damaged" if attempt == 2 else index_problem(layout.index)
+            if problem is not None:
+                aside = set_aside_index(layout.index)
                 log.error(
-                    "index %s is damaged: moved to %s, rebuilding it from the transcripts",
+                    "index %s is %s: moved to %s, rebuilding it from the transcripts",
                     layout.index,
-                    damaged,
+                    problem,
+                    aside,
                 )
             async with contextlib.AsyncExitStack() as stack:
                 index = await stack.enter_async_context(Index.open(layout.index, fs))

@@ -12,7 +12,7 @@ import sys
 from typing import TextIO
 
 from host._fs import FileSystem
-from host._index import Index, index_readable, set_aside_index
+from host._index import Index, index_problem, set_aside_index
 from host._layout import Layout
 from host._recovery import recover, scan
 from host._server import DataDirBusy, lock_data_dir
@@ -39,11 +39,11 @@ async def verify(data_dir: str, *, repair: bool = False, out: TextIO = sys.stdou
             print(f"cannot repair: {exc}", file=out)
             return 2
     try:
-        if not index_readable(layout.index):
+        if (problem := index_problem(layout.index)) is not None:
             if not repair:
-                print(f"index {layout.index} is damaged: run with --repair", file=out)
+                print(f"index {layout.index} is {problem}: run with --repair", file=out)
                 return 1
-            print(f"index was damaged: moved to {set_aside_index(layout.index)}", file=out)
+            print(f"index was {problem}: moved to {set_aside_index(layout.index)}", file=out)
         async with Index.open(layout.index) as index:
             store = Store(layout, index, FileSystem())
             if repair:

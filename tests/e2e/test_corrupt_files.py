@@ -11,8 +11,10 @@ A test that found a bug says so in a comment (the commit it was found at, and wh
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -311,6 +313,37 @@ async def test_an_unreadable_index_is_rebuilt_or_refused_clearly(
             assert await get_messages(host.client, sid) == built[sid]
         assert await host.stop() == 0
     assert {sid: transcript(data_dir, sid).read_bytes() for sid in ("s", "other")} == before
+
+
+def _other_schema(index: Path, how: str) -> None:
+    with contextlib.closing(sqlite3.connect(index)) as db, db:
+        if how == "newer-hostcore":  # a later release's migration, then a downgrade
+            db.execute("INSERT INTO migrations VALUES ('0002-future', datetime('now'))")
+            db.execute("ALTER TABLE sessions RENAME COLUMN line_count TO lines")
+        else:  # another program's database at the path
+            for table in ("migrations", "sessions", "messages", "turns"):
+                db.execute(f"DROP TABLE {table}")
+            db.execute("CREATE TABLE sessions (id TEXT, data BLOB)")
+
+
+# Found at 7adeacc: an index this hostcore did not write stopped every start with a
+# traceback ("table sessions already exists"), or would be read with the wrong queries.
+@pytest.mark.parametrize("how", ["newer-hostcore", "another-program"])
+async def test_an_index_of_another_schema_is_set_aside_and_rebuilt(
+    start_host: StartHost, data_dir: Path, built: dict[str, list[dict[str, Any]]], how: str
+) -> None:
+    index = data_dir / "index.sqlite3"
+    _other_schema(index, how)
+    foreign = index.read_bytes()
+    code, out = await _verify(data_dir)
+    assert code == 1 and "of another schema" in out and "--repair" in out, out
+    host, client = await _start(start_host, data_dir)
+    for sid in ("s", "other"):
+        assert await get_messages(client, sid) == built[sid]
+    assert await host.stop() == 0
+    assert "of another schema" in host.log and "Traceback" not in host.log, host.log
+    assert [p.read_bytes() for p in data_dir.glob("index.sqlite3.damaged-??????")] == [foreign]
+    assert await _verify(data_dir) == (0, "checked 2 session(s), 10 line(s): 0 problem(s)\n")
 
 
 # -- checkpoints ------------------------------------------------------------------------
