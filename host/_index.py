@@ -137,34 +137,79 @@ def set_aside_index(path: str) -> str:
     return aside
 
 
+class IndexBusy(Exception):
+    """Raised when another program holds a lock on the index: it is not ours to move."""
+
+    def __init__(self, path: str, exc: sqlite3.Error) -> None:
+        super().__init__(f"index {path} is locked by another program ({exc}): left as it is")
+
+
+def busy(exc: sqlite3.Error) -> bool:
+    """Whether ``exc`` says another connection holds the database's lock."""
+    code: int = getattr(exc, "sqlite_errorcode", 0)
+    return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
+_MIGRATIONS_TABLE = "CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied_at TEXT)"
+
+
+def _statements(sql: str) -> list[str]:
+    return [stmt for stmt in sql.split(";") if stmt.strip()]
+
+
+def _schema(conn: sqlite3.Connection) -> set[tuple[str, str, str | None]]:
+    """Every table, index, view and trigger of ``conn`` but SQLite's own, with its SQL.
+
+    The SQL's spacing is not compared: re-indenting a migration changes no schema.
+    """
+    rows = conn.execute("SELECT type, name, sql FROM sqlite_master")
+    return {
+        (kind, name, " ".join(sql.split()) if sql else None)
+        for kind, name, sql in rows
+        if not name.startswith("sqlite_")
+    }
+
+
+def _schema_after(applied: int) -> set[tuple[str, str, str | None]]:
+    """The schema the first ``applied`` migrations make, built in memory."""
+    with contextlib.closing(sqlite3.connect(":memory:")) as conn:
+        conn.execute(_MIGRATIONS_TABLE)
+        for _, sql in MIGRATIONS[:applied]:
+            for stmt in _statements(sql):
+                conn.execute(stmt)
+        return _schema(conn)
+
+
 def index_problem(path: str) -> str | None:
     """Why the index at ``path`` cannot be used as it is, or ``None`` (also when absent).
 
-    A cheap read-only look: the header, the schema, the sessions table and the
-    migrations applied, which must be this host's own, in order (an index of a newer
-    hostcore, or another program's database, is not read with this one's queries). A full
-    check would cost O(index) at every start: damage deeper in is met during recovery,
-    which then starts over.
+    A cheap read-only look: the header, the schema and the migrations applied. They must
+    be this host's own, in order, and the schema exactly the one they make (an index of a
+    newer hostcore, another program's database, or one a tool altered, is not read with
+    this one's queries). A full check would cost O(index) at every start: damage deeper in
+    is met during recovery, which then starts over. Raises :class:`IndexBusy` when another
+    program holds the index's lock.
     """
     if not os.path.exists(path):
         return None
+    applied: list[str] = []
     try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        try:
-            conn.execute("PRAGMA schema_version").fetchone()
-            names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
-            if "sessions" in names:
-                conn.execute("SELECT count(*) FROM sessions").fetchone()
-            applied = []
-            if "migrations" in names:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
+            schema = _schema(conn)
+            if _schema_after(0) <= schema:  # our migrations table
                 applied = [r[0] for r in conn.execute("SELECT name FROM migrations ORDER BY name")]
-        finally:
-            conn.close()
+            if any(name == "sessions" for _, name, _ in schema):
+                conn.execute("SELECT count(*) FROM sessions").fetchone()
     except sqlite3.DatabaseError as exc:
+        if busy(exc):
+            raise IndexBusy(path, exc) from None
         return f"damaged ({exc})"
     ours = [name for name, _ in MIGRATIONS]
-    if applied != ours[: len(applied)] or (names - {"migrations"} and not applied):
-        return f"of another schema (migrations {applied or 'none'}; this host has {ours})"
+    if applied != ours[: len(applied)]:
+        return f"of another schema (migrations {applied}; this host has {ours})"
+    if schema and schema != (expected := _schema_after(len(applied))):
+        differ = sorted({name for _, name, _ in schema ^ expected})
+        return f"of another schema ({', '.join(differ)} not as migrations {applied} make them)"
     return None
 
 
@@ -222,7 +267,12 @@ class Index:
         conn = await aiosqlite.connect(path, isolation_level=None)
         index = cls(conn, fs)
         try:
-            await index._setup()
+            try:
+                await index._setup()
+            except sqlite3.OperationalError as exc:
+                if busy(exc):
+                    raise IndexBusy(path, exc) from None
+                raise
             index._reader = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             index._reader.execute("PRAGMA query_only = 1")
             yield index
@@ -239,16 +289,14 @@ class Index:
         async with self._lock:
             await self._conn.execute("PRAGMA journal_mode=WAL")
             await self._conn.execute("PRAGMA synchronous=NORMAL")
-            await self._conn.execute(
-                "CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied_at TEXT)"
-            )
+            await self._conn.execute(_MIGRATIONS_TABLE)
             done = {r[0] for r in await self._conn.execute_fetchall("SELECT name FROM migrations")}
             for name, sql in MIGRATIONS:
                 if name in done:
                     continue
                 await self._conn.execute("BEGIN IMMEDIATE")
                 try:
-                    for stmt in filter(str.strip, sql.split(";")):
+                    for stmt in _statements(sql):
                         await self._conn.execute(stmt)
                     await self._conn.execute(
                         "INSERT INTO migrations VALUES (?, datetime('now'))", (name,)

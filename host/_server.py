@@ -25,6 +25,7 @@ from typing import Any
 from host._endpoint import Connection
 from host._framing import CHUNK, LineReader
 from host._fs import DIR_MODE, FILE_MODE
+from host._index import IndexBusy
 from host._service import Host
 
 log = logging.getLogger("host.server")
@@ -382,16 +383,20 @@ async def serve(data_dir: str, socket_path: str | None) -> int:
             except OSError as exc:
                 log.error("cannot listen on %s: %s", socket_path, exc)
                 return 2
-        async with Host.open(data_dir) as host:
-            tune_gc()
-            for sig in signals:
-                loop.add_signal_handler(sig, host.shutdown_requested.set)
-            if stop.is_set():
-                host.shutdown_requested.set()
-            if listener is not None:
-                await listener.serve(host)
-            else:
-                await serve_stdio(host)
+        try:
+            async with Host.open(data_dir) as host:
+                tune_gc()
+                for sig in signals:
+                    loop.add_signal_handler(sig, host.shutdown_requested.set)
+                if stop.is_set():
+                    host.shutdown_requested.set()
+                if listener is not None:
+                    await listener.serve(host)
+                else:
+                    await serve_stdio(host)
+        except IndexBusy as exc:  # only Host.open raises it
+            log.error("%s", exc)
+            return 3
         log.info("host stopped")
         return 0
     finally:

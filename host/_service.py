@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 from host._endpoint import Handler, Stats
 from host._fs import FileSystem
 from host._history import HistoryMethods
-from host._index import Index, index_problem, set_aside_index
+from host._index import Index, IndexBusy, busy, index_problem, set_aside_index
 from host._layout import Layout
 from host._recovery import Report, recover
 from host._sessions import SessionMethods
@@ -73,8 +73,8 @@ class Host:
         for folder in (layout.root, layout.sessions, layout.revisions_root):
             fs.mkdir(folder)
             os.chmod(folder, 0o700)
+        problem = index_problem(layout.index)
         for attempt in (1, 2):
-            problem = "damaged" if attempt == 2 else index_problem(layout.index)
             if problem is not None:
                 aside = set_aside_index(layout.index)
                 log.error(
@@ -89,10 +89,13 @@ class Host:
                 stack.callback(store.close)
                 try:
                     host = await cls._recover(store)
-                except sqlite3.DatabaseError:
+                except sqlite3.DatabaseError as exc:
+                    if busy(exc):
+                        raise IndexBusy(layout.index, exc) from None
                     if attempt == 2:
                         raise
-                    continue  # damaged beyond what the first look saw: set aside, again
+                    problem = f"damaged ({exc})"  # beyond what the first look saw
+                    continue
                 yield host
                 return
 

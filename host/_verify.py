@@ -12,7 +12,7 @@ import sys
 from typing import TextIO
 
 from host._fs import FileSystem
-from host._index import Index, index_problem, set_aside_index
+from host._index import Index, IndexBusy, index_problem, set_aside_index
 from host._layout import Layout
 from host._recovery import recover, scan
 from host._server import DataDirBusy, lock_data_dir
@@ -56,6 +56,9 @@ async def verify(data_dir: str, *, repair: bool = False, out: TextIO = sys.stdou
                     file=out,
                 )
             problems = await _check(store, out)
+    except IndexBusy as exc:
+        print(f"cannot verify: {exc}", file=out)
+        return 2
     finally:
         if lock_fd is not None:
             os.close(lock_fd)

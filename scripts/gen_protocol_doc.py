@@ -480,14 +480,17 @@ COMMAND_LINE = """\
 - `python -m host serve --data-dir DIR [--socket PATH] [--log-level L]`, `L` one of `debug`,
   `info` (default), `warning`, `error`. Exit status: 0 after end of input, `host.shutdown`
   or SIGTERM (also one that comes during start-up recovery: the host finishes recovering,
-  then exits); 3 when the data dir (or the socket) is in use by another process; 2 for a
+  then exits); 3 when the data dir (or the socket) is in use by another process, or when
+  another program holds the index locked past SQLite's 5 s busy timeout (the index is left
+  as it is); 2 for a
   usage error or a socket path that cannot be bound (too long, a folder it cannot make).
 - `python -m host verify --data-dir DIR [--repair]` checks every transcript against the
   index and prints each disagreement (torn tail, corrupt or duplicate line, a row or count
   that differs). Exit status 0 when all agree, 1 otherwise (or when `DIR` has no
   `sessions/` folder). Without `--repair` it writes no session data and can run beside a
   live host (WAL lets a second reader in); `--repair` takes the data dir's lock (exit 2 when
-  a host holds it), rescans every transcript in full and rebuilds the index rows from them.
+  a host holds it, or another program holds the index locked), rescans every transcript in
+  full and rebuilds the index rows from them.
 """
 
 # -- per-method prose -----------------------------------------------------------------------

@@ -320,15 +320,24 @@ def _other_schema(index: Path, how: str) -> None:
         if how == "newer-hostcore":  # a later release's migration, then a downgrade
             db.execute("INSERT INTO migrations VALUES ('0002-future', datetime('now'))")
             db.execute("ALTER TABLE sessions RENAME COLUMN line_count TO lines")
-        else:  # another program's database at the path
+        elif how == "another-program":  # another program's database at the path
             for table in ("migrations", "sessions", "messages", "turns"):
                 db.execute(f"DROP TABLE {table}")
             db.execute("CREATE TABLE sessions (id TEXT, data BLOB)")
+        elif how == "column-dropped":  # by a tool, under the same migrations
+            db.execute("ALTER TABLE turns DROP COLUMN ended_at")
+        else:  # a view where a table was
+            db.execute("DROP TABLE sessions")
+            db.execute("CREATE VIEW sessions AS SELECT 's' AS session_id")
 
 
 # Found at 7adeacc: an index this hostcore did not write stopped every start with a
 # traceback ("table sessions already exists"), or would be read with the wrong queries.
-@pytest.mark.parametrize("how", ["newer-hostcore", "another-program"])
+# Found at 721e111: one with this host's migrations but a table altered or replaced by a
+# view was trusted by its migrations' names, and verify then crashed with a traceback.
+@pytest.mark.parametrize(
+    "how", ["newer-hostcore", "another-program", "column-dropped", "view-for-table"]
+)
 async def test_an_index_of_another_schema_is_set_aside_and_rebuilt(
     start_host: StartHost, data_dir: Path, built: dict[str, list[dict[str, Any]]], how: str
 ) -> None:
@@ -344,6 +353,55 @@ async def test_an_index_of_another_schema_is_set_aside_and_rebuilt(
     assert "of another schema" in host.log and "Traceback" not in host.log, host.log
     assert [p.read_bytes() for p in data_dir.glob("index.sqlite3.damaged-??????")] == [foreign]
     assert await _verify(data_dir) == (0, "checked 2 session(s), 10 line(s): 0 problem(s)\n")
+
+
+# Found at 721e111: a host killed between creating the migrations table and applying the
+# first migration left an index that the next start called "of another schema".
+async def test_an_index_killed_before_its_first_migration_is_migrated_not_set_aside(
+    start_host: StartHost, data_dir: Path, built: dict[str, list[dict[str, Any]]]
+) -> None:
+    index = data_dir / "index.sqlite3"
+    for path in data_dir.glob("index.sqlite3*"):
+        path.unlink()
+    with contextlib.closing(sqlite3.connect(index)) as db, db:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied_at TEXT)")
+    host, client = await _start(start_host, data_dir)
+    for sid in ("s", "other"):
+        assert await get_messages(client, sid) == built[sid]
+    assert await host.stop() == 0
+    assert "moved to" not in host.log, host.log  # nothing set aside
+    assert list(data_dir.glob("index.sqlite3.damaged-*")) == []
+    assert await _verify(data_dir) == (0, "checked 2 session(s), 10 line(s): 0 problem(s)\n")
+
+
+# Found at 721e111: an index another program held locked was called damaged after the
+# busy timeout and moved aside, from under that program.
+async def test_an_index_another_program_holds_locked_is_refused_and_left_in_place(
+    start_host: StartHost, data_dir: Path, built: dict[str, list[dict[str, Any]]]
+) -> None:
+    index = data_dir / "index.sqlite3"
+    holder = sqlite3.connect(index, isolation_level=None)
+    try:
+        holder.execute("PRAGMA locking_mode=EXCLUSIVE")
+        holder.execute("BEGIN EXCLUSIVE")
+        holder.execute("UPDATE sessions SET title = title")
+        holder.execute("COMMIT")  # the exclusive lock stays held: no one else reads
+        code, out = await _verify(data_dir)
+        assert code == 2 and "locked by another program" in out, out
+        host = await start_host(data_dir)
+        assert host.client is not None
+        with pytest.raises(ConnectionError):
+            await host.client.handshake()
+        assert await host.wait() == 3
+        assert "locked by another program" in host.log and "Traceback" not in host.log, host.log
+        assert list(data_dir.glob("index.sqlite3.damaged-*")) == []
+    finally:
+        holder.close()
+    host, client = await _start(start_host, data_dir)
+    for sid in ("s", "other"):
+        assert await get_messages(client, sid) == built[sid]
+    assert await host.stop() == 0
 
 
 # -- checkpoints ------------------------------------------------------------------------
