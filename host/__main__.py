@@ -31,8 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     ins = sub.add_parser("inspect", help="show sessions, or one session's turns and messages")
     ins.add_argument("--data-dir", required=True)
     ins.add_argument("session", nargs="?")
-    ins.add_argument("--limit", type=int, default=50, help="messages per page")
-    ins.add_argument("--before", type=int, help="page of lines before this one")
+    ins.add_argument("--limit", type=_count, default=50, help="messages per page")
+    ins.add_argument("--before", type=_count, help="page of lines before this one")
     ins.add_argument("--json", action="store_true")
     exp = sub.add_parser("export", help="write a session out as JSONL or Markdown")
     exp.add_argument("--data-dir", required=True)
@@ -70,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
         except HostError as exc:
             print(f"{parser.prog} {args.command}: {exc.message}", file=sys.stderr)
             return 2
+        except BrokenPipeError:  # `| head`: the reader has what it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error
+            return 1
     if args.command == "serve":
         from host._server import serve as run
 
@@ -77,6 +80,13 @@ def main(argv: list[str] | None = None) -> int:
     from host._verify import verify as check
 
     return asyncio.run(check(args.data_dir, repair=args.repair))
+
+
+def _count(text: str) -> int:
+    """A command-line count: a whole number, 0 or more."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"must be a whole number, 0 or more, not {text!r}")
+    return int(text)
 
 
 def run_loop(main: Coroutine[Any, Any, int], loop: str = "auto") -> int:

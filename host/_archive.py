@@ -35,6 +35,15 @@ class Revision:
     createdAt: str
 
 
+class ManifestDamaged(Exception):
+    """Raised when a revision manifest cannot be read as one."""
+
+    def __init__(self, path: str, exc: Exception) -> None:
+        super().__init__(f"{path} is damaged ({exc})")
+        self.path = path
+        self.reason = exc
+
+
 class ArchiveDamaged(StorageError):
     """Raised when an archived revision's payload is not what its manifest says."""
 
@@ -74,8 +83,8 @@ class Archive:
     def folder(self, session_id: str, root_id: str) -> str:
         return os.path.join(self.layout.revisions(session_id), check_id(root_id, "rootId"))
 
-    def load(self, session_id: str, root_id: str) -> list[Revision]:
-        """Return the root's revisions in order (empty when none were archived)."""
+    def manifest(self, session_id: str, root_id: str) -> list[Revision]:
+        """The root's revisions in order, read only (``ManifestDamaged`` when unreadable)."""
         path = os.path.join(self.folder(session_id, root_id), "manifest.json")
         try:
             with open(path, "rb") as f:
@@ -84,6 +93,14 @@ class Archive:
         except FileNotFoundError:
             return []
         except (ValueError, TypeError, KeyError) as exc:
+            raise ManifestDamaged(path, exc) from None
+
+    def load(self, session_id: str, root_id: str) -> list[Revision]:
+        """Return the root's revisions in order (empty when none were archived)."""
+        try:
+            return self.manifest(session_id, root_id)
+        except ManifestDamaged as exc:
+            path = exc.path
             # Damaged: move it aside with its bytes (never lose them), serve no archive.
             aside = f"{path}.damaged-{os.urandom(3).hex()}"
             os.replace(path, aside)
@@ -91,7 +108,7 @@ class Archive:
                 "session %s: revision manifest of root %s is damaged (%s): moved to %s",
                 session_id,
                 root_id,
-                exc,
+                exc.reason,
                 aside,
             )
             return []

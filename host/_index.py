@@ -25,6 +25,7 @@ import datetime as dt
 import logging
 import os
 import sqlite3
+import urllib.parse
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -180,6 +181,16 @@ def _schema_after(applied: int) -> set[tuple[str, str, str | None]]:
         return _schema(conn)
 
 
+def connect_read_only(path: str) -> sqlite3.Connection:
+    """Open the database at ``path`` read-only (it is never created).
+
+    The path is quoted into the URI: a ``#`` or ``?`` in a folder's name is part of it,
+    not URI syntax that would cut the path (and the ``mode=ro`` after it) short.
+    """
+    uri = f"file:{urllib.parse.quote(os.path.abspath(path))}?mode=ro"
+    return sqlite3.connect(uri, uri=True)
+
+
 def index_problem(path: str) -> str | None:
     """Why the index at ``path`` cannot be used as it is, or ``None`` (also when absent).
 
@@ -194,7 +205,7 @@ def index_problem(path: str) -> str | None:
         return None
     applied: list[str] = []
     try:
-        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
+        with contextlib.closing(connect_read_only(path)) as conn:
             schema = _schema(conn)
             if _schema_after(0) <= schema:  # our migrations table
                 applied = [r[0] for r in conn.execute("SELECT name FROM migrations ORDER BY name")]

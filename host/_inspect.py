@@ -1,24 +1,52 @@
 """``python -m host inspect`` and ``python -m host export``: read-only looks at a data dir.
 
-Both open the index read-only (``mode=ro``: SQLite's WAL lets a reader in beside a live
-host) and read the files with plain ``open``; they take no lock and write nothing, so
-they can run on the data dir of a running host without disturbing it.
+``inspect`` opens the index read-only (``mode=ro``: SQLite's WAL lets a reader in beside a
+live host); ``export`` reads only the files. They take no lock and write nothing, not
+even what they find damaged (the host sets that aside at its next start), so they can
+run on the data dir of a running host without disturbing it.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import json
 import os
 import sqlite3
+import stat
 import sys
 from collections.abc import Iterator
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
-from host._archive import Archive
+from host._archive import Archive, ArchiveDamaged, ManifestDamaged, Revision
 from host._fs import FileSystem, read_whole
-from host._layout import Layout, check_id
+from host._index import IndexBusy, connect_read_only, index_problem
+from host._layout import Layout, check_id, legal_id
 from host._messages import parse_stored
+
+
+def note(text: str) -> None:
+    """Say something on stderr that the output leaves out."""
+    print(text, file=sys.stderr)
+
+
+def open_regular(path: str) -> BinaryIO:
+    """Open a file of the data dir to read, refusing a symlink, a folder or a FIFO.
+
+    ``O_NONBLOCK`` keeps a FIFO from blocking the open; it means nothing to a regular
+    file. Raises ``FileNotFoundError`` when there is none.
+    """
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise SystemExit(f"{path} is a symlink, not a regular file: left alone") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise SystemExit(f"{path} is not a regular file: left alone")
+    return os.fdopen(fd, "rb")
 
 
 class Inspector:
@@ -28,12 +56,34 @@ class Inspector:
         self.layout = Layout(data_dir)
         if not os.path.isdir(self.layout.sessions):
             raise SystemExit(f"no hostcore data dir at {self.layout.root}")
-        uri = f"file:{self.layout.index}?mode=ro"
-        self.db = sqlite3.connect(uri, uri=True)
+        self._db: sqlite3.Connection | None = None
         self.archive = Archive(self.layout, FileSystem())
 
+    @property
+    def db(self) -> sqlite3.Connection:
+        """The index, read-only, opened at first use (export never needs it)."""
+        if self._db is None:
+            path = self.layout.index
+            if not os.path.exists(path):
+                raise SystemExit(f"no index at {path}: start the host, or run verify --repair")
+            try:
+                problem = index_problem(path)
+            except IndexBusy as exc:
+                raise SystemExit(str(exc)) from None
+            if problem is not None:
+                raise SystemExit(f"index {path} is {problem}: run verify --repair")
+            self._db = connect_read_only(path)
+        return self._db
+
     def close(self) -> None:
-        self.db.close()
+        if self._db is not None:
+            self._db.close()
+
+    def transcript(self, sid: str) -> BinaryIO:
+        try:
+            return open_regular(self.layout.transcript(sid))
+        except FileNotFoundError:
+            raise SystemExit(f"no session {sid!r} in {self.layout.root}") from None
 
     def sessions(self) -> list[dict[str, Any]]:
         rows = self.db.execute(
@@ -51,19 +101,42 @@ class Inspector:
                     "bytes": size,
                     "runningTurn": running,
                     "checkpoint": os.path.exists(self.layout.inflight(sid)),
-                    "revisions": sum(r for _, r in self.roots(sid)),
+                    "revisions": sum(len(revs) for revs in self.roots(sid).values()),
                     "lastWrite": updated,
                     "quarantined": _count_lines(self.layout.quarantine(sid)),
                 }
             )
         return out
 
-    def roots(self, sid: str) -> list[tuple[str, int]]:
-        """``(rootId, archived revisions)`` of every pager root with an archive."""
+    def roots(self, sid: str) -> dict[str, list[Revision]]:
+        """Every pager root with an archive, and its revisions, in order of rootId.
+
+        Read only: a damaged manifest, or an entry that is no root, is said on stderr and
+        left where it is (the host sets a damaged manifest aside at its next use).
+        """
         base = self.layout.revisions(sid)
         if not os.path.isdir(base):
+            return {}
+        roots: dict[str, list[Revision]] = {}
+        for name in sorted(os.listdir(base)):
+            path = os.path.join(base, name)
+            if not legal_id(name) or os.path.islink(path) or not os.path.isdir(path):
+                note(f"{path} is not a pager root's folder: left out")
+                continue
+            try:
+                roots[name] = self.archive.manifest(sid, name)
+            except ManifestDamaged as exc:
+                note(f"{exc}: its revisions are left out")
+        return roots
+
+    def branch(self, sid: str, root: str, rev: Revision) -> list[bytes]:
+        """One archived revision's lines; none, said on stderr, when its payload is bad."""
+        try:
+            return self.archive.read(sid, root, rev)
+        except (ArchiveDamaged, OSError) as exc:
+            reason = exc.message if isinstance(exc, ArchiveDamaged) else str(exc)
+            note(f"revision {rev.revision} of root {root!r} of {sid} left out: {reason}")
             return []
-        return [(root, len(self.archive.load(sid, root))) for root in sorted(os.listdir(base))]
 
     def turns(self, sid: str) -> list[tuple[str, str, str, str | None]]:
         return self.db.execute(
@@ -79,31 +152,10 @@ class Inspector:
             " AND line < ? ORDER BY line",
             (sid, start, end),
         ).fetchall()
-        with open(self.layout.transcript(sid), "rb") as f:
+        with self.transcript(sid) as f:
             for line, offset, length in rows:
                 f.seek(offset)
-                raw = f.read(length)
-                try:
-                    yield line, json.loads(raw), length
-                except ValueError:
-                    yield line, {"id": "?", "role": "?", "content": "<unreadable line>"}, length
-
-    def stored_lines(self, sid: str) -> tuple[list[bytes], int]:
-        """The transcript's whole lines that are messages, and how many lines are not.
-
-        A last line without its newline is a write in progress or torn by a crash: it is
-        no message either.
-        """
-        lines: list[bytes] = []
-        skipped = 0
-        with open(self.layout.transcript(sid), "rb") as f:
-            for raw in f:
-                line = raw.removesuffix(b"\n")
-                if line != raw and parse_stored(line) is not None:
-                    lines.append(line)
-                else:
-                    skipped += 1
-        return lines, skipped
+                yield line, _message(f.read(length)), length
 
     def count(self, sid: str) -> int:
         row = self.db.execute(
@@ -115,11 +167,46 @@ class Inspector:
 
     def checkpoint(self, sid: str) -> dict[str, Any] | None:
         try:
-            return dict(json.loads(read_whole(self.layout.inflight(sid))))
+            data = json.loads(read_whole(self.layout.inflight(sid)))
         except FileNotFoundError:
             return None
-        except ValueError:
+        except (ValueError, RecursionError):
+            data = None
+        if not isinstance(data, dict) or not isinstance(data.get("message", {}), dict):
             return {"error": "unreadable checkpoint file"}
+        return data
+
+
+class StoredLines:
+    """The lines of a transcript that are messages, one at a time; ``skipped`` counts the rest.
+
+    A last line without its newline is a write in progress or torn by a crash: it is no
+    message either. A transcript of any size takes no more memory than its longest line.
+    """
+
+    def __init__(self, f: BinaryIO) -> None:
+        self.f = f
+        self.skipped = 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        for raw in self.f:
+            line = raw.removesuffix(b"\n")
+            if line != raw and parse_stored(line) is not None:
+                yield line
+            else:
+                self.skipped += 1
+
+
+_UNREADABLE = {"id": "?", "role": "?", "content": "<unreadable line>"}
+
+
+def _message(raw: bytes) -> dict[str, Any]:
+    """A stored line as a dict to show (a placeholder when it is none)."""
+    try:
+        value = json.loads(raw)  # not msgspec: a number past 64 bits is still shown
+    except (ValueError, RecursionError):
+        return _UNREADABLE
+    return value if isinstance(value, dict) else _UNREADABLE
 
 
 def _count_lines(path: str) -> int:
@@ -218,7 +305,7 @@ def inspect(
                 }
                 for line, m, size in ins.messages(sid, start, end)
             ],
-            "roots": [{"rootId": r, "revisions": n} for r, n in ins.roots(sid)],
+            "roots": [{"rootId": r, "revisions": len(revs)} for r, revs in ins.roots(sid).items()],
             "checkpoint": ins.checkpoint(sid),
             "quarantinedLines": _count_lines(ins.layout.quarantine(sid)),
         }
@@ -251,7 +338,9 @@ def inspect(
             for r in detail["roots"]:
                 print(f"  {r['rootId']}: {r['revisions']} archived revision(s)", file=out)
         cp = detail["checkpoint"]
-        if cp:
+        if cp and "error" in cp:
+            print(f"\ncheckpoint: {cp['error']} {ins.layout.inflight(sid)}", file=out)
+        elif cp:
             msg = cp.get("message") or {}
             print(
                 f"\ncheckpoint: message {cp.get('messageId')} of turn {cp.get('turnId')},"
@@ -277,55 +366,62 @@ def export(
     *,
     fmt: str = "jsonl",
     with_revisions: bool = False,
-    out: TextIO = sys.stdout,
+    out: BinaryIO | None = None,
 ) -> int:
     """Write a session's transcript (and archived branches) as JSONL or Markdown.
 
     It reads the transcript itself, the truth, not the index, which may lag it by a batch
-    (a crash before the batch commit: the next start indexes those lines). JSONL is each
-    stored line verbatim, numbers and key order as they were written. A line that is no
-    message (the host quarantines it at its next start) and a torn last line are left out,
-    and counted on stderr.
+    (a crash before the batch commit: the next start indexes those lines) or be missing.
+    JSONL is each stored line verbatim, bytes as they were written. A line that is no
+    message (the host quarantines it at its next start) and a torn last line are left
+    out, and counted on stderr; so is an archived revision that cannot be read. One line
+    at a time: memory does not grow with the transcript.
     """
+    out = out or sys.stdout.buffer
     ins = Inspector(data_dir)
     try:
         sid = check_id(session_id, "sessionId")
-        try:
-            lines, skipped = ins.stored_lines(sid)
-        except FileNotFoundError:
-            raise SystemExit(f"no session {sid!r} in {ins.layout.root}") from None
-        if skipped:
-            print(f"export: {skipped} line(s) of {sid} are no message: left out", file=sys.stderr)
-        revisions: dict[str, list[list[bytes]]] = {}
-        if with_revisions:
-            for root, _n in ins.roots(sid):
-                revisions[root] = [
-                    ins.archive.read(sid, root, r) for r in ins.archive.load(sid, root)
-                ]
-        if fmt == "jsonl":
-            for line in lines:
-                print(line.decode(), file=out)
-            for root, revs in revisions.items():
-                for n, branch in enumerate(revs):
-                    for line in branch:
-                        head = json.dumps({"revisionOf": root, "revision": n})[:-1]
-                        print(f'{head}, "message": {line.decode()}}}', file=out)
-            return 0
-        exported = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-        print(f"# Session {sid}\n\n_{len(lines)} message(s), exported {exported}_\n", file=out)
-        for m in map(json.loads, lines):
-            status = m.get("status", "complete")
-            tag = "" if status == "complete" else f" ({status})"
-            print(f"## {m.get('role')}{tag} · `{m.get('id')}`\n\n{text_of(m)}\n", file=out)
-            for n, branch in enumerate(revisions.get(str(m.get("id")), [])):
-                print(f"> **revision {n}** of the reply to `{m.get('id')}`\n>", file=out)
-                for b in map(json.loads, branch):
-                    for text in text_of(b).splitlines() or [""]:
-                        print(f"> {text}", file=out)
-                print(file=out)
+        with ins.transcript(sid) as f:
+            roots = ins.roots(sid) if with_revisions else {}
+            lines = StoredLines(f)
+            if fmt == "jsonl":
+                for line in lines:
+                    out.write(line + b"\n")
+                for root, revs in roots.items():
+                    for rev in revs:
+                        head = json.dumps({"revisionOf": root, "revision": rev.revision})[:-1]
+                        for line in ins.branch(sid, root, rev):
+                            out.write(b'%s, "message": %s}\n' % (head.encode(), line))
+            else:
+                exported = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+                out.write(f"# Session {sid}\n\n_exported {exported}_\n\n".encode())
+                count = 0
+                for line in lines:
+                    count += 1
+                    m = _message(line)
+                    mid = str(m.get("id"))
+                    revs = roots.get(mid, [])
+                    out.write(_markdown(m, [(r.revision, ins.branch(sid, mid, r)) for r in revs]))
+                out.write(f"_{count} message(s)_\n".encode())
+        out.flush()
+        if lines.skipped:
+            note(f"export: {lines.skipped} line(s) of {sid} are no message: left out")
         return 0
     finally:
         ins.close()
+
+
+def _markdown(m: dict[str, Any], branches: list[tuple[int, list[bytes]]]) -> bytes:
+    """One message as a Markdown section, its archived branches quoted under it."""
+    status = m.get("status", "complete")
+    tag = "" if status == "complete" else f" ({status})"
+    text = f"## {m.get('role')}{tag} · `{m.get('id')}`\n\n{text_of(m)}\n\n"
+    for n, lines in branches:
+        text += f"> **revision {n}** of the reply to `{m.get('id')}`\n>\n"
+        for b in map(_message, lines):
+            text += "".join(f"> {t}\n" for t in text_of(b).splitlines() or [""])
+        text += "\n"
+    return text.encode()
 
 
 __all__ = ["export", "inspect"]

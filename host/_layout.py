@@ -25,9 +25,14 @@ _ID = re.compile(ID_PATTERN)
 log = logging.getLogger("host.layout")
 
 
+def legal_id(value: object) -> bool:
+    """Whether ``value`` is a legal id (a safe file name of the data dir)."""
+    return isinstance(value, str) and _ID.match(value) is not None
+
+
 def check_id(value: str, what: str = "id") -> str:
     """Return ``value`` if it is a legal id, else raise ``InvalidParams``."""
-    if not isinstance(value, str) or not _ID.match(value):
+    if not legal_id(value):
         raise InvalidParams(f"{what} must be 1-128 characters of [A-Za-z0-9._:-], not . or ..")
     return value
 
@@ -97,7 +102,7 @@ class Layout:
         for name in sorted(os.listdir(self.sessions)):
             for suffix in _LEFTOVERS:
                 sid = name[: -len(suffix)]
-                if name.endswith(suffix) and _ID.match(sid) and sid not in live:
+                if name.endswith(suffix) and legal_id(sid) and sid not in live:
                     out.append((sid, os.path.join(self.sessions, name)))
         return out
 
@@ -114,7 +119,7 @@ class Layout:
                 if not e.name.endswith(".jsonl"):
                     continue
                 sid = e.name[: -len(".jsonl")]
-                legal = _ID.match(sid) is not None
+                legal = legal_id(sid)
                 if legal and e.is_file(follow_symlinks=False):
                     out.append(sid)
                 elif report:

@@ -137,8 +137,8 @@ def parse_stored(line: bytes) -> Message | None:
     try:
         line.decode("utf-8")  # msgspec does not check UTF-8 inside raw values
         return Message(_HEAD.decode(line), _FIELDS.decode(line))
-    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
-        return None
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        return None  # RecursionError: nested deeper than msgspec decodes (a hand edit)
 
 
 def valid_line(line: bytes) -> bool:
@@ -146,7 +146,7 @@ def valid_line(line: bytes) -> bool:
     try:
         line.decode("utf-8")
         _RAW.decode(line)
-    except (msgspec.DecodeError, UnicodeDecodeError):
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
         return False
     return line[:1] == b"{"
 

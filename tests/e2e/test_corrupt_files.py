@@ -124,8 +124,11 @@ async def _other_untouched(client: Client, served: dict[str, list[dict[str, Any]
         b'{"no":"id","role":"user"}',  # JSON, but not a message
         b'{"id":"m1","role":"user","content":"a copy of another line"}',  # a repeated id
         b"\x00\x01\x02\xff\xfe garbage of another length \x80",
+        # Found at f4fe54d: nested deeper than msgspec decodes (a hand edit), it raised
+        # RecursionError out of recovery, and the host could not start at all.
+        b'{"id":"m2","role":"user","content":' + b"[" * 3000 + b"]" * 3000 + b"}",
     ],
-    ids=["garbage", "cut-short", "not-a-message", "duplicate-id", "binary"],
+    ids=["garbage", "cut-short", "not-a-message", "duplicate-id", "binary", "nested-too-deep"],
 )
 async def test_a_damaged_middle_line_is_quarantined_and_the_rest_served(
     start_host: StartHost, data_dir: Path, built: dict[str, list[dict[str, Any]]], damage: bytes

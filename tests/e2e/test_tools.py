@@ -2,10 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import shlex
+import shutil
+import sqlite3
+import sys
 from pathlib import Path
 
-from tests.conftest import Client, HostProcess, StartHost, disk_state, msg, run_cli, transcript
+import pytest
+
+from tests.conftest import (
+    REPO,
+    Client,
+    HostProcess,
+    StartHost,
+    disk_state,
+    msg,
+    run_cli,
+    transcript,
+)
 
 
 async def _conversation(c: Client) -> None:
@@ -125,6 +142,153 @@ async def test_unknown_session_and_bad_id_are_clear_errors(client: Client, data_
     assert code != 0 and "no session 'nope'" in err and "Traceback" not in err
     code, _out, err = await run_cli("export", "--data-dir", str(data_dir), "../etc")
     assert code != 0 and "sessionId" in err and "Traceback" not in err
+
+
+# Found at f4fe54d, by a review of the read tools: each of the next tests failed there.
+
+
+async def test_read_tools_take_a_data_dir_path_with_hash_and_question_mark(
+    host: HostProcess, client: Client, data_dir: Path, tmp_path: Path
+) -> None:
+    """The index path went into an SQLite URI unquoted: ``a#b`` opened (created) ``a``."""
+    await _conversation(client)
+    assert await host.stop() == 0
+    odd = tmp_path / "a#b?c"
+    shutil.copytree(data_dir, odd)
+    code, out, err = await run_cli("inspect", "--data-dir", str(odd))
+    assert code == 0 and "Trip plan" in out, err
+    code, out, err = await run_cli("export", "--data-dir", str(odd), "trip")
+    assert code == 0 and json.loads(out.splitlines()[0])["id"] == "u1", err
+    assert not (tmp_path / "a").exists()
+
+
+async def test_read_tools_write_nothing_beside_a_damaged_archive(
+    host: HostProcess, client: Client, data_dir: Path
+) -> None:
+    """inspect moved a damaged manifest aside; a stray file in revisions/ crashed it."""
+    await _conversation(client)
+    assert await host.stop() == 0
+    await client.close()
+    folder = data_dir / "revisions" / "trip"
+    (folder / "u1" / "manifest.json").write_bytes(b"garbage{")
+    (folder / ".DS_Store").write_bytes(b"\0")
+    (folder / "bad name").mkdir()
+    before = disk_state(data_dir)
+    for args in (["inspect"], ["inspect", "trip"], ["export", "trip", "--with-revisions"]):
+        code, out, err = await run_cli(args[0], "--data-dir", str(data_dir), *args[1:])
+        assert code == 0 and "Traceback" not in err, err
+        assert "manifest.json is damaged" in err and "bad name is not a pager root" in err, err
+    assert json.loads(out.splitlines()[0])["id"] == "u1"  # the transcript, all the same
+    assert disk_state(data_dir) == before
+
+
+async def test_export_needs_no_index_and_skips_a_revision_it_cannot_read(
+    host: HostProcess, client: Client, data_dir: Path
+) -> None:
+    """Without the index export raised a traceback; a lost payload stopped all output."""
+    await _conversation(client)
+    assert await host.stop() == 0
+    for path in data_dir.glob("index.sqlite3*"):
+        path.unlink()
+    for payload in (data_dir / "revisions" / "trip" / "u1").glob("000000-*.jsonl"):
+        payload.unlink()
+    code, out, err = await run_cli(
+        "export", "--data-dir", str(data_dir), "trip", "--with-revisions"
+    )
+    assert code == 0 and "Traceback" not in err, err
+    assert [json.loads(line)["id"] for line in out.splitlines()] == ["u1"]
+    assert "revision 0 of root 'u1' of trip left out" in err
+    code, _out, err = await run_cli("inspect", "--data-dir", str(data_dir))
+    assert code == 1 and "no index at" in err and "Traceback" not in err, err
+    assert not (data_dir / "index.sqlite3").exists()  # read-only: not created
+
+
+@pytest.mark.parametrize("how", ["garbage", "locked"])
+async def test_inspect_says_what_is_wrong_with_the_index(
+    host: HostProcess, client: Client, data_dir: Path, how: str
+) -> None:
+    await _conversation(client)
+    assert await host.stop() == 0
+    index = data_dir / "index.sqlite3"
+    holder = sqlite3.connect(index, isolation_level=None)
+    try:
+        if how == "garbage":
+            holder.close()
+            index.write_bytes(b"not a database" * 100)
+            want = "damaged"
+        else:
+            holder.execute("PRAGMA locking_mode=EXCLUSIVE")
+            holder.execute("BEGIN EXCLUSIVE")
+            holder.execute("UPDATE sessions SET title = title")
+            holder.execute("COMMIT")  # the exclusive lock stays held
+            want = "locked by another program"
+        code, _out, err = await run_cli("inspect", "--data-dir", str(data_dir))
+        assert code == 1 and want in err and "Traceback" not in err, err
+        code, out, err = await run_cli("export", "--data-dir", str(data_dir), "trip")
+        assert code == 0 and json.loads(out.splitlines()[0])["id"] == "u1", err
+    finally:
+        holder.close()
+
+
+async def test_export_into_a_closed_pipe_exits_quietly(
+    host: HostProcess, client: Client, data_dir: Path
+) -> None:
+    await client.call("session.create", sessionId="s")
+    for i in range(700):  # both outputs past a pipe's 64 KB buffer
+        await client.call(
+            "session.appendMessage", sessionId="s", message=msg(f"m{i}", "user", "x" * 1000)
+        )
+    for command in ("export", "inspect --limit 700 --json"):
+        proc = await asyncio.create_subprocess_shell(
+            f"{shlex.quote(sys.executable)} -m host {command} --data-dir"
+            f" {shlex.quote(str(data_dir))} s | head -c 10",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=REPO,
+        )
+        out, err = await proc.communicate()
+        assert len(out) == 10 and b"Traceback" not in err and b"BrokenPipe" not in err, err
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "folder"])
+async def test_read_tools_refuse_a_transcript_that_is_no_regular_file(
+    client: Client, data_dir: Path, tmp_path: Path, kind: str
+) -> None:
+    """A symlink was followed out of the data dir; a FIFO hung export; a folder crashed it."""
+    path = data_dir / "sessions" / "odd.jsonl"
+    if kind == "symlink":
+        outside = tmp_path / "outside.jsonl"
+        outside.write_bytes(_line("secret"))
+        path.symlink_to(outside)
+    elif kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.mkdir()
+    code, out, err = await run_cli("export", "--data-dir", str(data_dir), "odd")
+    assert code == 1 and "not a regular file" in err and "Traceback" not in err, err
+    assert "secret" not in out
+
+
+def _line(text: str) -> bytes:
+    return json.dumps(msg("x", "user", text)).encode() + b"\n"
+
+
+@pytest.mark.parametrize("body", [b"[1]", b'{"message": "hi"}', b"\xff garbage"])
+async def test_inspect_shows_an_unreadable_checkpoint_as_such(
+    client: Client, data_dir: Path, body: bytes
+) -> None:
+    await _conversation(client)
+    (data_dir / "sessions" / "trip.inflight.json").write_bytes(body)
+    code, out, err = await run_cli("inspect", "--data-dir", str(data_dir), "trip")
+    assert code == 0 and "checkpoint: unreadable checkpoint file" in out, err
+    assert "Traceback" not in err
+
+
+async def test_inspect_refuses_a_negative_page(client: Client, data_dir: Path) -> None:
+    await _conversation(client)
+    for option in ("--limit", "--before"):
+        code, out, err = await run_cli("inspect", "--data-dir", str(data_dir), "trip", option, "-3")
+        assert code == 2 and "0 or more" in err and out == "", err
 
 
 async def test_json_logs_name_session_and_message(start_host: StartHost, data_dir: Path) -> None:
