@@ -92,7 +92,7 @@ class Archive:
             return [Revision(**r) for r in data["revisions"]]
         except FileNotFoundError:
             return []
-        except (ValueError, TypeError, KeyError) as exc:
+        except (ValueError, TypeError, KeyError, RecursionError) as exc:
             raise ManifestDamaged(path, exc) from None
 
     def load(self, session_id: str, root_id: str) -> list[Revision]:

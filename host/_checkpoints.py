@@ -72,7 +72,7 @@ class Checkpoints:
             return None
         try:
             cp = _DEC.decode(data)
-        except msgspec.MsgspecError as exc:
+        except (msgspec.MsgspecError, RecursionError) as exc:  # RecursionError: a hand edit
             raise ValueError(f"corrupt checkpoint: {exc}") from None
         self._known[session_id] = cp.turn_id, cp.message_id
         return cp

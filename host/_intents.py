@@ -84,7 +84,7 @@ class Intents:
             try:
                 with open(path, "rb") as f:
                     out.append(_DEC.decode(f.read()))
-            except (OSError, msgspec.MsgspecError) as exc:
+            except (OSError, msgspec.MsgspecError, RecursionError) as exc:
                 # An intent is written atomically: a bad one was never recorded.
                 log.error("unreadable intent %s dropped: %s", path, exc)
                 self.fs.unlink(path)

@@ -241,7 +241,7 @@ def _read_meta(store: Store, session_id: str) -> tuple[str | None, str]:
         with open(store.layout.meta(session_id), "rb") as f:
             meta = json.loads(f.read())
         return meta.get("title"), meta.get("createdAt") or now_iso()
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError, AttributeError):  # not a meta file
         return None, now_iso()
 
 

@@ -30,6 +30,9 @@ from tests.conftest import (
     transcript,
 )
 
+DEEP = b"[" * 3000 + b"]" * 3000
+"""JSON nested deeper than msgspec (or Python's json) decodes: only a hand edit writes it."""
+
 MAIN = [msg(f"m{i}", "user" if i % 2 == 0 else "assistant") for i in range(6)]
 OTHER = [msg(f"o{i}", "user" if i % 2 == 0 else "assistant") for i in range(4)]
 
@@ -126,7 +129,7 @@ async def _other_untouched(client: Client, served: dict[str, list[dict[str, Any]
         b"\x00\x01\x02\xff\xfe garbage of another length \x80",
         # Found at f4fe54d: nested deeper than msgspec decodes (a hand edit), it raised
         # RecursionError out of recovery, and the host could not start at all.
-        b'{"id":"m2","role":"user","content":' + b"[" * 3000 + b"]" * 3000 + b"}",
+        b'{"id":"m2","role":"user","content":' + DEEP + b"}",
     ],
     ids=["garbage", "cut-short", "not-a-message", "duplicate-id", "binary", "nested-too-deep"],
 )
@@ -407,6 +410,23 @@ async def test_an_index_another_program_holds_locked_is_refused_and_left_in_plac
     assert await host.stop() == 0
 
 
+# Found at 44236db: a sidecar nested deeper than the decoders go raised RecursionError out
+# of the start (the intent files are read at every start, a meta file when the index lacks
+# its session), and the host could not start at all.
+@pytest.mark.parametrize("sidecar", ["s.intent.json", "s.meta.json"])
+async def test_a_sidecar_nested_too_deep_does_not_stop_a_start(
+    start_host: StartHost, data_dir: Path, built: dict[str, list[dict[str, Any]]], sidecar: str
+) -> None:
+    (data_dir / "sessions" / sidecar).write_bytes(b'{"sessionId":"s","x":' + DEEP + b"}")
+    for path in data_dir.glob("index.sqlite3*"):
+        path.unlink()  # the meta file is read when the index does not know the session
+    host, client = await _start(start_host, data_dir)
+    for sid in ("s", "other"):
+        assert await get_messages(client, sid) == built[sid]
+    assert await host.stop() == 0
+    assert "Traceback" not in host.log, host.log
+
+
 # -- checkpoints ------------------------------------------------------------------------
 
 
@@ -436,8 +456,9 @@ async def _two_streaming_turns(start_host: StartHost) -> None:
         lambda b: b"",
         lambda b: b'{"sessionId":"s","turnId":"t1"}',
         lambda b: b.replace(b'"turnId":"t1"', b'"turnId":17'),
+        lambda b: b.replace(b'"a partial answer"', DEEP),
     ],
-    ids=["garbage", "cut-in-half", "empty", "fields-missing", "wrong-type"],
+    ids=["garbage", "cut-in-half", "empty", "fields-missing", "wrong-type", "nested-too-deep"],
 )
 async def test_a_damaged_checkpoint_is_quarantined_never_promoted(
     start_host: StartHost, data_dir: Path, damage: Any
@@ -517,8 +538,13 @@ def _valid_message(m: Any) -> bool:
 # every payload it named (the only copy of those branches).
 @pytest.mark.parametrize(
     "damage",
-    [b"\x00garbage{", b'{"rootId":"u1","revisions":[{"revision":0,"fi', b'{"revisions":[{}]}'],
-    ids=["garbage", "cut-short", "wrong-shape"],
+    [
+        b"\x00garbage{",
+        b'{"rootId":"u1","revisions":[{"revision":0,"fi',
+        b'{"revisions":[{}]}',
+        b'{"rootId":"u1","revisions":' + DEEP + b"}",
+    ],
+    ids=["garbage", "cut-short", "wrong-shape", "nested-too-deep"],
 )
 async def test_a_damaged_revision_manifest_is_reported_and_the_host_serves(
     start_host: StartHost, data_dir: Path, damage: bytes
