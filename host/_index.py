@@ -545,12 +545,19 @@ class Index:
             (session_id,),
         )
 
-    async def turn(self, session_id: str, turn_id: str) -> str | None:
-        """Return a turn's status, or ``None`` when there is no such turn."""
-        rows = await self._fetch(
+    def turn(self, session_id: str, turn_id: str) -> str | None:
+        """Return a turn's status, or ``None`` when there is no such turn; no await.
+
+        On the synchronous reader, like :meth:`lookup_now` (a checkpoint save asks for
+        every snapshot): turn rows are committed by the call that writes them, which
+        holds the session's lock, as every caller of this does.
+        """
+        assert self._reader is not None
+        self.fs.sqlite("read")
+        row = self._reader.execute(
             "SELECT status FROM turns WHERE session_id = ? AND turn_id = ?", (session_id, turn_id)
-        )
-        return str(rows[0][0]) if rows else None
+        ).fetchone()
+        return str(row[0]) if row else None
 
     async def has_prompt(self, session_id: str, turn_id: str) -> bool:
         """Whether a user message of the turn is stored."""

@@ -52,7 +52,7 @@ class TurnMethods:
         async with self.store.locks.hold(sid):
             s = await self.store.open_session(sid)
             index = self.store.index
-            if await index.turn(sid, tid) is not None:  # the same turn again: a no-op ...
+            if index.turn(sid, tid) is not None:  # the same turn again: a no-op ...
                 row = await index.lookup(sid, prompt.id) if prompt else None
                 if prompt is not None and row is None and not await index.has_prompt(sid, tid):
                     # ... unless its turn has no prompt: the first call died between its
@@ -80,7 +80,7 @@ class TurnMethods:
         sid, tid = p.session_id, p.turn_id
         async with self.store.locks.hold(sid):
             s = await self.store.open_session(sid)
-            status = await self.store.index.turn(sid, tid)
+            status = self.store.index.turn(sid, tid)
             if status is None:
                 raise NotFound("turn", tid)
             if status != "running":  # ending an ended turn changes nothing
@@ -120,8 +120,9 @@ class TurnMethods:
         head = incoming_head(p.message)
         sid = p.session_id
         async with self.store.locks.hold(sid):
-            await self.store.open_session(sid)
-            if self.store.index.lookup_now(sid, [head.id]):  # no thread hop per snapshot
+            s = await self.store.open_session(sid)
+            index = self.store.index
+            if index.lookup_now(sid, [head.id]):  # no thread hop per snapshot
                 self.store.count("checkpoints.dropped_late")
                 return SavedResult(saved=False)  # a late write never resurrects a final row
             try:
@@ -129,12 +130,33 @@ class TurnMethods:
             except ValueError:
                 self.read(sid)  # quarantines the corrupt file
                 old = None
-            if old is not None and old[0] != p.turn_id:  # never overwrite a leftover
-                await self._settle_leftover(sid, wait_completed=False)
+            if old is not None and old[0] != p.turn_id:
+                if index.turn(sid, old[0]) == "running":
+                    return await self._beside_running(s, p)
+                await self._settle_leftover(sid, wait_completed=False)  # never overwrite one
             cp = Checkpoint(sid, p.turn_id, head.id, p.message, now_iso())
             await asyncio.to_thread(self.checkpoints.save, cp)
             self.store.count("checkpoints.saved")
             return SavedResult(saved=True)
+
+    async def _beside_running(self, s: OpenSession, p: SaveInflightParams) -> SavedResult:
+        """Another turn's snapshot while the file holds the running turn's checkpoint.
+
+        Settling that checkpoint as a leftover would end the running turn and store its
+        partial, and its finished reply would then be deduplicated away. So it stays, and
+        this snapshot is settled at once instead: a late one of an ended turn (the finished
+        one, sent at ``message_end``, may be its only copy) is appended as its turn's row,
+        as settling it later would; one of a turn the session has no record of is dropped.
+        """
+        turn = self.store.index.turn(s.session_id, p.turn_id)
+        msg = parse_incoming(p.message)
+        if turn is None or not msg.has_content():  # nor ever an empty assistant row
+            self.store.count("checkpoints.dropped")
+            return SavedResult(saved=False)
+        status: Status = "complete" if turn == "completed" else "aborted"
+        await self.sessions.append_locked(s, msg.with_status(status), p.turn_id)
+        self.store.count("checkpoints.promoted")
+        return SavedResult(saved=True)
 
     def read(self, session_id: str) -> Checkpoint | None:
         """Return the session's checkpoint; a corrupt one is quarantined and ignored."""
@@ -188,7 +210,7 @@ class TurnMethods:
         cp = self.read(sid)
         if cp is None:
             return None
-        turn = await self.store.index.turn(sid, cp.turn_id)
+        turn = self.store.index.turn(sid, cp.turn_id)
         if turn == "completed":
             if wait_completed:
                 return None  # the outbox's finished row wins (ADR 0153 amendment)

@@ -327,8 +327,9 @@ PROTOCOL.md is silent on these points (or leaves them open); this is what the co
 - **`"id": null`** is a request (answered with `id: null`), not a notification.
 - **`$/cancelRequest` sent as a request** (with an `id`) gets `result: null` at once. Like
   every method but `handshake` it is `NOT_HANDSHAKEN` before a good handshake (as a
-  notification: ignored, no answer); a malformed cancel (bad or missing `params.id`) is
-  ignored silently.
+  notification: ignored, no answer); a malformed cancel (bad or missing `params.id`) gets
+  `INVALID_PARAMS` as a request, as PROTOCOL.md says, and is ignored silently as a
+  notification (which is never answered).
 - **A batch answer over 64 MiB**: each answer fits the limit on its own, but when together
   they do not, the largest answers are replaced by `LIMIT_EXCEEDED` errors until the batch
   line fits. Send large reads on their own.
@@ -561,7 +562,16 @@ Under the lock, ends a running turn with `status` `completed`, `error` or `abort
     "session.saveInflightMessage": """\
 Under the lock: atomically replaces the session's checkpoint (temp file, fsync, rename,
 folder fsync; never transcript lines, never the index). A message whose id is already
-indexed is dropped (`saved: false`): a late write never resurrects it.""",
+indexed is dropped (`saved: false`): a late write never resurrects it. A checkpoint of
+another turn in the file is never overwritten: a leftover of an ended turn is settled
+first. But when the file holds the running turn's checkpoint, that one stays (settling it
+would end the running turn, and its finished reply would be deduplicated away): a late
+snapshot of an ended turn (the finished one, sent at `message_end`, may be the only copy
+of that reply) is appended at once as its turn's row (`complete` for a `completed` turn,
+else `aborted`), and one of a turn the session has no record of, or an empty one, is
+dropped (`saved: false`). `turnId` is otherwise not checked against the turn table (as on
+`appendMessage`, it attributes): that table is the one part of the index not rebuilt
+from the files.""",
     "session.recoverInflightMessages": """\
 Settles every leftover checkpoint, one session lock at a time: already indexed or empty,
 dropped; turn `completed`, appended as `complete`; otherwise appended as `aborted`, and a

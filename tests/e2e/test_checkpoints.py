@@ -574,3 +574,54 @@ async def test_the_next_turns_checkpoint_settles_a_leftover_before_replacing_it(
     got = await get_messages(c, "s")
     assert [m["id"] for m in got] == ["u0", "u1", "a0"]
     assert got[2]["content"] == "the old turn's reply"
+
+
+# Found at 1e17277 by a protocol review: a snapshot of another turn, while the session's
+# running turn held the checkpoint, "settled" that checkpoint as a leftover: its partial
+# became an aborted row, the running turn was ended, and its finished reply, when it came,
+# was deduplicated away.
+async def test_a_snapshot_of_an_unknown_turn_leaves_the_running_turn_alone(
+    client: Client, data_dir: Path
+) -> None:
+    await streaming(client, "s", "t1")
+    await checkpoint(client, "s", reply("a1", "partial"))
+    before = await everything(client, data_dir), file_state(inflight(data_dir, "s"))
+    assert not await checkpoint(client, "s", reply("a9"), tid="t99")
+    assert (await everything(client, data_dir), file_state(inflight(data_dir, "s"))) == before
+    final = reply("a1", "the finished reply")
+    assert (await client.call("session.appendMessage", sessionId="s", turnId="t1", message=final))[
+        "appended"
+    ]
+    ended = await client.call("session.endTurn", sessionId="s", turnId="t1", status="completed")
+    assert ended["status"] == "completed"
+    assert [m["content"] for m in await get_messages(client, "s")] == [
+        "text of u1",
+        final["content"],
+    ]
+
+
+async def test_a_late_snapshot_of_an_ended_turn_leaves_the_running_turns_checkpoint_alone(
+    client: Client, data_dir: Path
+) -> None:
+    await streaming(client, "s", "t0", prompt="u0")
+    await client.call("session.endTurn", sessionId="s", turnId="t0", status="completed")
+    await client.call("session.beginTurn", sessionId="s", turnId="t1", prompt=msg("u1"))
+    await checkpoint(client, "s", reply("a1", "t1 streams"), tid="t1")
+    mine = file_state(inflight(data_dir, "s"))
+    # t0's finished snapshot, sent at its message_end, arrives only now: it is t0's reply.
+    assert await checkpoint(client, "s", reply("a0", "t0's reply"), tid="t0")
+    assert file_state(inflight(data_dir, "s")) == mine
+    final = reply("a1", "t1 streamed")
+    assert (await client.call("session.appendMessage", sessionId="s", turnId="t1", message=final))[
+        "appended"
+    ]
+    for tid in ("t1", "t0"):  # t1 was still running; t0 stays as it ended
+        ended = await client.call("session.endTurn", sessionId="s", turnId=tid, status="completed")
+        assert ended["status"] == "completed"
+    got = await get_messages(client, "s")
+    assert [(m["id"], m.get("status", "complete"), m["turnId"]) for m in got] == [
+        ("u0", "complete", "t0"),
+        ("u1", "complete", "t1"),
+        ("a0", "complete", "t0"),
+        ("a1", "complete", "t1"),
+    ]

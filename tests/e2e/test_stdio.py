@@ -93,6 +93,7 @@ async def converse(client: Client, proc: asyncio.subprocess.Process, data: Path)
         await client.handshake()
         await client.call("session.create", sessionId="s")
         assert await client.call("session.appendMessage", sessionId="s", message=msg("m1"))
+        await client.call("session.beginTurn", sessionId="s", turnId="t")
         big = msg("r1", "assistant", "x" * (1 << 20))
         saved = await client.call(
             "session.saveInflightMessage", sessionId="s", turnId="t", message=big

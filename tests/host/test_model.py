@@ -288,8 +288,14 @@ class Model:
         s = self.s(sessionId)
         if s.find(message["id"]) is not None:
             return {"saved": False}
-        if s.cp is not None and s.cp.turn != turnId:  # never overwrite a leftover
-            s.settle_leftover(wait_completed=False)
+        if s.cp is not None and s.cp.turn != turnId:
+            if s.turns.get(s.cp.turn) == "running":  # the running turn's: settle this one now
+                if turnId not in s.turns or message["content"] == "":
+                    return {"saved": False}
+                status = "complete" if s.turns[turnId] == "completed" else "aborted"
+                s.append(M(message["id"], "assistant", turnId, message["content"], status))
+                return {"saved": True}
+            s.settle_leftover(wait_completed=False)  # never overwrite a leftover
         s.cp = CP(turnId, message["id"], message["content"])
         return {"saved": True}
 
