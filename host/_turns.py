@@ -15,7 +15,7 @@ import logging
 from msgspec import UNSET, Raw
 
 from host._checkpoints import Checkpoint
-from host._errors import AgentBusy, NotFound
+from host._errors import AgentBusy, InvalidParams, NotFound
 from host._index import now_iso
 from host._messages import Status, incoming_head, parse_incoming, parse_stored
 from host._recovery import quarantine
@@ -48,6 +48,8 @@ class TurnMethods:
 
     async def begin_turn(self, p: BeginTurnParams) -> BeginTurnResult:
         prompt = parse_incoming(p.prompt, "prompt") if isinstance(p.prompt, Raw) else None
+        if prompt is not None and prompt.head.role != "user":
+            raise InvalidParams(f"prompt must be a user message, not role {prompt.head.role!r}")
         sid, tid = p.session_id, p.turn_id
         async with self.store.locks.hold(sid):
             s = await self.store.open_session(sid)

@@ -320,6 +320,9 @@ PROTOCOL.md is silent on these points (or leaves them open); this is what the co
 - **Unknown params fields are `INVALID_PARAMS`.** Every params Struct is declared with
   `forbid_unknown_fields=True` (`host/_wire.py`, `Params`). Unknown members of the request
   envelope itself (beside `jsonrpc`, `method`, `params`, `id`) are ignored.
+- **JSON nested deeper than the decoder goes** (about 1,000 levels of arrays or objects)
+  is `PARSE_ERROR` with `id: null`: the decoder stops before it reaches the `id`. No
+  message a model produces comes near that depth; the error says "maximum recursion depth".
 - **Blank lines are ignored**: a line that is empty or only whitespace gets no answer. A
   `\\r` before the `\\n` is JSON whitespace, so CRLF input works.
 - **A final unterminated line at end of input is processed** like any other line (a line
@@ -545,9 +548,10 @@ a display-capped message is `CONFLICT`. Surviving ids keep their stored `turnId`
 fields. `count` is the new number of lines; an empty array empties the transcript.""",
     "session.beginTurn": """\
 Under the lock: opens a `running` turn and appends the user `prompt`, if given, directly (not
-through the outbox), with the turn's id as its `turnId`; `line` is the prompt's line.
-`AGENT_BUSY` (`data.turnId`) when another turn of the session is running; the same `turnId`
-again is a no-op, unless that turn has no prompt stored
+through the outbox), with the turn's id as its `turnId`; `line` is the prompt's line. A
+`prompt` whose `role` is not `user` is `INVALID_PARAMS`, and opens no turn. `AGENT_BUSY`
+(`data.turnId`) when another turn of the session is running; the same `turnId` again is a
+no-op, unless that turn has no prompt stored
 (see [Departures](#turns-checkpoints-and-revisions)).""",
     "session.endTurn": """\
 Under the lock, ends a running turn with `status` `completed`, `error` or `aborted`:

@@ -34,6 +34,23 @@ async def test_begin_turn_with_prompt_appends_it_stamped_with_the_turn(
     assert got["messages"][1]["turnId"] == "t1"
 
 
+# Found at 5dc1f2c by a protocol review: an assistant "prompt" was appended and its turn
+# opened; PROTOCOL.md's beginTurn appends the user prompt.
+@pytest.mark.parametrize("role", ["assistant", "tool", "system"])
+async def test_begin_turn_with_a_prompt_that_is_no_user_message_changes_nothing(
+    client: Client, data_dir: Path, role: str
+) -> None:
+    await client.call("session.create", sessionId="s")
+    before = await everything(client, data_dir)
+    err = await fails(
+        client, "session.beginTurn", sessionId="s", turnId="t1", prompt=msg("x1", role)
+    )
+    assert (err.code, err.name) == (-32602, "INVALID_PARAMS") and role in err.error["message"]
+    assert await everything(client, data_dir) == before
+    ok = await client.call("session.beginTurn", sessionId="s", turnId="t2", prompt=msg("u2"))
+    assert ok["turnId"] == "t2"  # no turn was left running
+
+
 async def test_begin_turn_without_prompt_appends_nothing(client: Client, data_dir: Path) -> None:
     await client.call("session.create", sessionId="s")
     assert await client.call("session.beginTurn", sessionId="s", turnId="t1") == {"turnId": "t1"}
