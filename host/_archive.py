@@ -179,8 +179,9 @@ class Archive:
         if not os.path.isdir(base):
             return 0
         for root_id in os.listdir(base):
-            if not os.path.isdir(os.path.join(base, root_id)):
-                log.warning("%s: not a revision folder, left alone", os.path.join(base, root_id))
+            path = os.path.join(base, root_id)
+            if os.path.islink(path) or not os.path.isdir(path):
+                log.warning("%s: not a revision folder, left alone", path)
                 continue
             for name in self.unnamed(session_id, root_id):
                 self.fs.unlink(os.path.join(base, root_id, name))

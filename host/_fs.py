@@ -43,8 +43,12 @@ class FileSystem:
         """
 
     def open(self, path: str, flags: int, mode: int = FILE_MODE) -> int:
-        """Open ``path`` and return its descriptor (created 0600)."""
-        return os.open(path, flags | os.O_CLOEXEC, mode)
+        """Open ``path`` and return its descriptor (created 0600).
+
+        Never through a symlink (``O_NOFOLLOW``: ``ELOOP``): a link planted in the data dir
+        must not make the host append to, cut or overwrite a file outside it.
+        """
+        return os.open(path, flags | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
 
     def close(self, fd: int) -> None:
         """Close a descriptor."""

@@ -42,6 +42,10 @@ SPARE = ".inflight.spare"
 """A checkpoint's spare: a temp file, removed at every start with the ``*.tmp`` files."""
 
 
+class UnsafeDataDir(Exception):
+    """Raised when the data dir holds what the host must not follow (a symlinked folder)."""
+
+
 class Layout:
     """Paths under one data dir; every session path goes through :func:`check_id`."""
 
@@ -54,6 +58,15 @@ class Layout:
 
     def _session_file(self, session_id: str, suffix: str) -> str:
         return os.path.join(self.sessions, check_id(session_id, "sessionId") + suffix)
+
+    def check_no_links(self) -> None:
+        """Raise :class:`UnsafeDataDir` if a folder of the data dir, or its index, is a symlink.
+
+        Start-up's sweeps remove files in them: through a link, files outside the data dir.
+        """
+        for path in (self.sessions, self.revisions_root, self.index):
+            if os.path.islink(path):
+                raise UnsafeDataDir(f"{path} is a symlink: the data dir's own entries must not be")
 
     def transcript(self, session_id: str) -> str:
         return self._session_file(session_id, ".jsonl")

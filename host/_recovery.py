@@ -113,6 +113,10 @@ def quarantine(store: Store, session_id: str, bad: list[tuple[int, int, bytes, s
     """Append bad bytes, with where they were and why, to the session's quarantine file."""
     fs = store.fs
     path = store.layout.quarantine(session_id)
+    if os.path.islink(path):  # the link (not what it points to) is set aside; a file is made
+        aside = f"{path}.link-{os.urandom(3).hex()}"
+        fs.rename(path, aside)
+        log.error("session %s: %s is a symlink: moved to %s", session_id, path, aside)
     fd = fs.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     try:
         for line, off, raw, why in bad:

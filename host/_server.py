@@ -26,6 +26,7 @@ from host._endpoint import Connection
 from host._framing import CHUNK, LineReader
 from host._fs import DIR_MODE, FILE_MODE
 from host._index import IndexBusy
+from host._layout import UnsafeDataDir
 from host._service import Host
 
 log = logging.getLogger("host.server")
@@ -39,7 +40,16 @@ def lock_data_dir(root: str) -> int:
     """Take the data dir's exclusive lock for this process; return its descriptor."""
     os.makedirs(root, mode=DIR_MODE, exist_ok=True)
     path = os.path.join(root, "host.lock")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags, FILE_MODE)  # never through a symlink, never blocked by a FIFO
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.EISDIR):
+            raise
+        raise DataDirBusy(f"{path} is not a regular file ({exc.strerror}): remove it") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise DataDirBusy(f"{path} is not a regular file: remove it")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
@@ -394,9 +404,12 @@ async def serve(data_dir: str, socket_path: str | None) -> int:
                     await listener.serve(host)
                 else:
                     await serve_stdio(host)
-        except IndexBusy as exc:  # only Host.open raises it
+        except IndexBusy as exc:  # only Host.open raises these
             log.error("%s", exc)
             return 3
+        except UnsafeDataDir as exc:
+            log.error("%s", exc)
+            return 2
         log.info("host stopped")
         return 0
     finally:

@@ -70,6 +70,7 @@ class Host:
         """Open, recover and yield the host of ``data_dir``; the caller holds its lock."""
         layout = Layout(data_dir)
         fs = fs or FileSystem()
+        layout.check_no_links()
         for folder in (layout.root, layout.sessions, layout.revisions_root):
             fs.mkdir(folder)
             os.chmod(folder, 0o700)
@@ -145,7 +146,9 @@ def _sweep_archives(store: Store) -> None:
     """Drop archives of deleted sessions and payloads no manifest names."""
     on_disk = set(store.layout.transcript_ids())
     for sid in os.listdir(store.layout.revisions_root):
-        if sid not in on_disk:
+        if os.path.islink(path := os.path.join(store.layout.revisions_root, sid)):
+            log.warning("%s is a symlink, not a session's archive: left alone", path)
+        elif sid not in on_disk:
             shutil.rmtree(os.path.join(store.layout.revisions_root, sid), ignore_errors=True)
         elif n := store.archive.sweep(sid):
             log.info("session %s: %d unreferenced revision payload(s) removed", sid, n)

@@ -13,7 +13,7 @@ from typing import TextIO
 
 from host._fs import FileSystem
 from host._index import Index, IndexBusy, index_problem, set_aside_index
-from host._layout import Layout
+from host._layout import Layout, UnsafeDataDir
 from host._recovery import recover, scan
 from host._server import DataDirBusy, lock_data_dir
 from host._store import Store
@@ -28,6 +28,11 @@ async def verify(data_dir: str, *, repair: bool = False, out: TextIO = sys.stdou
     if not os.path.isdir(layout.sessions):
         print(f"no data dir at {layout.root}", file=out)
         return 1
+    try:
+        layout.check_no_links()
+    except UnsafeDataDir as exc:
+        print(f"cannot verify: {exc}", file=out)
+        return 2
     if not repair and not os.path.exists(layout.index):
         print(f"no index at {layout.index}: run with --repair to build it", file=out)
         return 1

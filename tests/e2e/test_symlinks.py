@@ -1,0 +1,140 @@
+"""Symlinks planted in a data dir (a stray tool, a sync client): never followed out of it.
+
+Found at 2f1f72b by a review: through a link the host cut, overwrote or appended to files
+outside the data dir (``host.lock``, a transcript, a quarantine file, the checkpoint's
+spare), and its start-up sweeps deleted files in folders a linked ``sessions/``,
+``revisions/`` or ``revisions/<id>`` pointed to. Each test plants one link, and checks that
+what it points to is byte for byte as it was.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import Client, HostProcess, StartHost, get_messages, msg, transcript
+
+OUTSIDE = b"a file of the user's, outside the data dir\n"
+
+
+@pytest.fixture
+def outside(tmp_path: Path) -> Path:
+    folder = tmp_path / "outside"
+    folder.mkdir()
+    (folder / "thesis.doc").write_bytes(OUTSIDE)
+    (folder / "other.tmp").write_bytes(OUTSIDE)
+    return folder
+
+
+def _state(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+async def _built(start_host: StartHost) -> None:
+    host = await start_host()
+    assert host.client is not None
+    await host.client.handshake()
+    await host.client.call("session.create", sessionId="s")
+    for i in range(3):
+        await host.client.call("session.appendMessage", sessionId="s", message=msg(f"m{i}"))
+    assert await host.stop() == 0
+
+
+async def _refused(start_host: StartHost, data: Path) -> tuple[int, str]:
+    host = await start_host(data)
+    assert host.client is not None
+    with pytest.raises(ConnectionError):
+        await host.client.handshake()
+    return await host.wait(), host.log
+
+
+async def _serving(start_host: StartHost, data: Path) -> tuple[HostProcess, Client]:
+    host = await start_host(data)
+    assert host.client is not None
+    await host.client.handshake()
+    return host, host.client
+
+
+async def test_a_linked_lock_file_is_refused_and_its_target_left_alone(
+    start_host: StartHost, data_dir: Path, outside: Path
+) -> None:
+    await _built(start_host)
+    before = _state(outside)
+    (data_dir / "host.lock").unlink()
+    (data_dir / "host.lock").symlink_to(outside / "thesis.doc")
+    code, log = await _refused(start_host, data_dir)
+    assert code == 3 and "not a regular file" in log and "Traceback" not in log, log
+    assert _state(outside) == before
+
+
+@pytest.mark.parametrize("folder", ["sessions", "revisions"])
+async def test_a_linked_folder_of_the_data_dir_is_refused(
+    start_host: StartHost, data_dir: Path, outside: Path, folder: str
+) -> None:
+    await _built(start_host)
+    for entry in (data_dir / folder).iterdir():
+        entry.rename(outside / entry.name)
+    (data_dir / folder).rmdir()
+    (data_dir / folder).symlink_to(outside)
+    (outside / "someone").mkdir()
+    (outside / "someone" / "notes.txt").write_bytes(OUTSIDE)
+    before, mode = _state(outside), outside.stat().st_mode
+    code, log = await _refused(start_host, data_dir)
+    assert code == 2 and "is a symlink" in log and "Traceback" not in log, log
+    assert (_state(outside), outside.stat().st_mode) == (before, mode)
+
+
+async def test_a_linked_archive_folder_is_left_alone_at_start(
+    start_host: StartHost, data_dir: Path, outside: Path
+) -> None:
+    await _built(start_host)
+    (data_dir / "revisions" / "s").symlink_to(outside)
+    (outside / "m0").mkdir()
+    (outside / "m0" / "draft.txt").write_bytes(OUTSIDE)
+    before = _state(outside)
+    host, client = await _serving(start_host, data_dir)
+    assert [m["id"] for m in await get_messages(client, "s")] == ["m0", "m1", "m2"]
+    assert await host.stop() == 0
+    assert _state(outside) == before
+
+
+async def test_a_linked_transcript_is_never_read_written_or_cut(
+    start_host: StartHost, data_dir: Path, outside: Path
+) -> None:
+    await _built(start_host)
+    target = outside / "t.jsonl"
+    target.write_bytes(b'{"id":"x1","role":"user","content":"theirs"}\n{"id":"x2","ro')
+    transcript(data_dir, "t").symlink_to(target)
+    before = _state(outside)
+    host, client = await _serving(start_host, data_dir)
+    answers: list[Any] = []
+    for method, params in (
+        ("session.create", {"sessionId": "t"}),
+        ("session.get", {"sessionId": "t"}),
+        ("session.appendMessage", {"sessionId": "t", "message": msg("m9")}),
+        ("session.truncateFrom", {"sessionId": "t", "fromMessageId": "x1"}),
+    ):
+        answers.append(await client.request(method, params))
+    assert await host.stop() == 0
+    assert _state(outside) == before, answers
+    assert not any("theirs" in str(a.get("result")) for a in answers), answers
+    assert all(a.get("error", {}).get("code") != -32603 for a in answers), answers
+
+
+async def test_a_linked_quarantine_file_is_not_appended_to(
+    start_host: StartHost, data_dir: Path, outside: Path
+) -> None:
+    await _built(start_host)
+    path = transcript(data_dir, "s")
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(lines[0] + b"#garbage#\n" + b"".join(lines[1:]))
+    (data_dir / "sessions" / "s.jsonl.quarantine").symlink_to(outside / "thesis.doc")
+    before = _state(outside)
+    host, client = await _serving(start_host, data_dir)
+    assert [m["id"] for m in await get_messages(client, "s")] == ["m0", "m1", "m2"]
+    assert await host.stop() == 0
+    assert _state(outside) == before
+    quarantine = data_dir / "sessions" / "s.jsonl.quarantine"
+    assert not quarantine.is_symlink() and b"I2dhcmJhZ2Uj" in quarantine.read_bytes()  # base64
