@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 import aiofiles
 
 from host._errors import StorageError
-from host._fs import FileSystem
+from host._fs import FileSystem, NotRegularFile, read_regular
 from host._layout import Layout, check_id
 from host._messages import parse_stored
 
@@ -87,12 +87,11 @@ class Archive:
         """The root's revisions in order, read only (``ManifestDamaged`` when unreadable)."""
         path = os.path.join(self.folder(session_id, root_id), "manifest.json")
         try:
-            with open(path, "rb") as f:
-                data = json.loads(f.read())
+            data = json.loads(read_regular(path))
             return [Revision(**r) for r in data["revisions"]]
         except FileNotFoundError:
             return []
-        except (ValueError, TypeError, KeyError, RecursionError) as exc:
+        except (NotRegularFile, ValueError, TypeError, KeyError, RecursionError) as exc:
             raise ManifestDamaged(path, exc) from None
 
     def load(self, session_id: str, root_id: str) -> list[Revision]:

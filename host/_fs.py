@@ -12,6 +12,7 @@ import ctypes
 import errno
 import fcntl
 import os
+import stat
 
 FILE_MODE = 0o600
 DIR_MODE = 0o700
@@ -248,6 +249,35 @@ def _lock(fd: int) -> bool:
     except BlockingIOError:
         return False
     return True
+
+
+class NotRegularFile(OSError):
+    """Raised by :func:`read_regular` for a symlink, FIFO, folder or device."""
+
+
+def read_regular(path: str) -> bytes:
+    """Read a whole file of the data dir, never through a symlink, never blocked by a FIFO.
+
+    A FIFO planted where the host reads a sidecar at start would hang the start (and a
+    signal with it); ``O_NONBLOCK`` keeps the open from waiting, and only a regular file is
+    read. Raises ``FileNotFoundError`` when there is none, :class:`NotRegularFile` when it
+    is something else.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise NotRegularFile(errno.ELOOP, "a symlink, not a regular file", path) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularFile(errno.EINVAL, "not a regular file", path)
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def read_whole(path: str) -> bytes:

@@ -18,7 +18,7 @@ import msgspec
 from msgspec import UNSET, Raw, Struct, UnsetType
 
 from host._archive import Archive, Revision
-from host._fs import FileSystem
+from host._fs import FileSystem, NotRegularFile, read_regular
 from host._layout import Layout
 
 log = logging.getLogger("host.intents")
@@ -82,8 +82,9 @@ class Intents:
                 continue
             path = os.path.join(self.layout.sessions, name)
             try:
-                with open(path, "rb") as f:
-                    out.append(_DEC.decode(f.read()))
+                out.append(_DEC.decode(read_regular(path)))
+            except NotRegularFile as exc:  # a FIFO, folder or link: not the host's to remove
+                log.error("%s left alone: %s", path, exc.strerror)
             except (OSError, msgspec.MsgspecError, RecursionError) as exc:
                 # An intent is written atomically: a bad one was never recorded.
                 log.error("unreadable intent %s dropped: %s", path, exc)

@@ -15,10 +15,12 @@ import datetime as dt
 import json
 import logging
 import os
+import stat
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from host._fs import read_regular
 from host._index import Row, SessionRow, now_iso
 from host._layout import SPARE
 from host._messages import Message, pager_json, parse_stored
@@ -113,10 +115,11 @@ def quarantine(store: Store, session_id: str, bad: list[tuple[int, int, bytes, s
     """Append bad bytes, with where they were and why, to the session's quarantine file."""
     fs = store.fs
     path = store.layout.quarantine(session_id)
-    if os.path.islink(path):  # the link (not what it points to) is set aside; a file is made
-        aside = f"{path}.link-{os.urandom(3).hex()}"
+    if os.path.lexists(path) and not stat.S_ISREG(os.lstat(path).st_mode):
+        # A link, FIFO or folder: set aside itself (never what a link points to); a file is made.
+        aside = f"{path}.odd-{os.urandom(3).hex()}"
         fs.rename(path, aside)
-        log.error("session %s: %s is a symlink: moved to %s", session_id, path, aside)
+        log.error("session %s: %s is not a regular file: moved to %s", session_id, path, aside)
     fd = fs.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     try:
         for line, off, raw, why in bad:
@@ -242,8 +245,7 @@ async def reconcile(
 def _read_meta(store: Store, session_id: str) -> tuple[str | None, str]:
 
     try:
-        with open(store.layout.meta(session_id), "rb") as f:
-            meta = json.loads(f.read())
+        meta = json.loads(read_regular(store.layout.meta(session_id)))
         return meta.get("title"), meta.get("createdAt") or now_iso()
     except (OSError, ValueError, RecursionError, AttributeError):  # not a meta file
         return None, now_iso()

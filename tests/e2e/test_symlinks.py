@@ -9,6 +9,7 @@ what it points to is byte for byte as it was.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -138,3 +139,47 @@ async def test_a_linked_quarantine_file_is_not_appended_to(
     assert _state(outside) == before
     quarantine = data_dir / "sessions" / "s.jsonl.quarantine"
     assert not quarantine.is_symlink() and b"I2dhcmJhZ2Uj" in quarantine.read_bytes()  # base64
+
+
+def _plant(path: Path, kind: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.mkdir()
+
+
+# Found at 0eaa939 by the same review: a FIFO where the start reads a sidecar hung the
+# start for good (SIGTERM too); a folder there crashed it with a traceback.
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+@pytest.mark.parametrize(
+    "entry", ["sessions/s.intent.json", "revisions/s/m0/manifest.json", "sessions/s.meta.json"]
+)
+async def test_a_fifo_or_folder_where_start_reads_a_file_does_not_stop_it(
+    start_host: StartHost, data_dir: Path, kind: str, entry: str
+) -> None:
+    await _built(start_host)
+    for path in data_dir.glob("index.sqlite3*"):
+        path.unlink()  # so that the start reads the meta file too
+    (data_dir / "sessions" / "s.meta.json").unlink()
+    _plant(data_dir / entry, kind)
+    host, client = await _serving(start_host, data_dir)
+    assert [m["id"] for m in await get_messages(client, "s")] == ["m0", "m1", "m2"]
+    assert await host.stop() == 0
+    assert "Traceback" not in host.log, host.log
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+async def test_a_fifo_or_folder_at_the_quarantine_file_is_set_aside(
+    start_host: StartHost, data_dir: Path, kind: str
+) -> None:
+    await _built(start_host)
+    path = transcript(data_dir, "s")
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(lines[0] + b"#garbage#\n" + b"".join(lines[1:]))
+    quarantine = data_dir / "sessions" / "s.jsonl.quarantine"
+    _plant(quarantine, kind)
+    host, client = await _serving(start_host, data_dir)
+    assert [m["id"] for m in await get_messages(client, "s")] == ["m0", "m1", "m2"]
+    assert await host.stop() == 0
+    assert quarantine.is_file() and b"I2dhcmJhZ2Uj" in quarantine.read_bytes()
