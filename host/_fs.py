@@ -252,26 +252,33 @@ def _lock(fd: int) -> bool:
 
 
 class NotRegularFile(OSError):
-    """Raised by :func:`read_regular` for a symlink, FIFO, folder or device."""
+    """Raised by :func:`open_regular` for a symlink, FIFO, folder or device."""
 
 
-def read_regular(path: str) -> bytes:
-    """Read a whole file of the data dir, never through a symlink, never blocked by a FIFO.
+def open_regular(path: str, flags: int = os.O_RDONLY) -> int:
+    """Open a file of the data dir, never through a symlink, never blocked by a FIFO.
 
     A FIFO planted where the host reads a sidecar at start would hang the start (and a
     signal with it); ``O_NONBLOCK`` keeps the open from waiting, and only a regular file is
-    read. Raises ``FileNotFoundError`` when there is none, :class:`NotRegularFile` when it
-    is something else.
+    kept. Raises ``FileNotFoundError`` when there is none (and ``flags`` do not create
+    one), :class:`NotRegularFile` when it is something else.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, FILE_MODE)
     except OSError as exc:
-        if exc.errno != errno.ELOOP:
+        if exc.errno not in (errno.ELOOP, errno.EISDIR):
             raise
-        raise NotRegularFile(errno.ELOOP, "a symlink, not a regular file", path) from None
+        raise NotRegularFile(exc.errno, "not a regular file", path) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise NotRegularFile(errno.EINVAL, "not a regular file", path)
+    return fd
+
+
+def read_regular(path: str) -> bytes:
+    """Read the whole of a file of the data dir (see :func:`open_regular`)."""
+    fd = open_regular(path)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise NotRegularFile(errno.EINVAL, "not a regular file", path)
         chunks = []
         while chunk := os.read(fd, 1 << 20):
             chunks.append(chunk)

@@ -9,17 +9,15 @@ run on the data dir of a running host without disturbing it.
 from __future__ import annotations
 
 import datetime as dt
-import errno
 import json
 import os
 import sqlite3
-import stat
 import sys
 from collections.abc import Iterator
 from typing import Any, BinaryIO, TextIO
 
 from host._archive import Archive, ArchiveDamaged, ManifestDamaged, Revision
-from host._fs import FileSystem, read_whole
+from host._fs import FileSystem, NotRegularFile, open_regular, read_whole
 from host._index import IndexBusy, connect_read_only, index_problem
 from host._layout import Layout, check_id, legal_id
 from host._messages import parse_stored
@@ -30,23 +28,12 @@ def note(text: str) -> None:
     print(text, file=sys.stderr)
 
 
-def open_regular(path: str) -> BinaryIO:
-    """Open a file of the data dir to read, refusing a symlink, a folder or a FIFO.
-
-    ``O_NONBLOCK`` keeps a FIFO from blocking the open; it means nothing to a regular
-    file. Raises ``FileNotFoundError`` when there is none.
-    """
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+def open_file(path: str) -> BinaryIO:
+    """Open a file of the data dir to read, refusing a symlink, a folder or a FIFO."""
     try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        if exc.errno != errno.ELOOP:
-            raise
-        raise SystemExit(f"{path} is a symlink, not a regular file: left alone") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise SystemExit(f"{path} is not a regular file: left alone")
-    return os.fdopen(fd, "rb")
+        return os.fdopen(open_regular(path), "rb")
+    except NotRegularFile:
+        raise SystemExit(f"{path} is not a regular file: left alone") from None
 
 
 class Inspector:
@@ -81,7 +68,7 @@ class Inspector:
 
     def transcript(self, sid: str) -> BinaryIO:
         try:
-            return open_regular(self.layout.transcript(sid))
+            return open_file(self.layout.transcript(sid))
         except FileNotFoundError:
             raise SystemExit(f"no session {sid!r} in {self.layout.root}") from None
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from host._endpoint import Connection
 from host._framing import CHUNK, LineReader
-from host._fs import DIR_MODE, FILE_MODE
+from host._fs import DIR_MODE, NotRegularFile, open_regular
 from host._index import IndexBusy
 from host._layout import UnsafeDataDir
 from host._service import Host
@@ -40,16 +40,11 @@ def lock_data_dir(root: str) -> int:
     """Take the data dir's exclusive lock for this process; return its descriptor."""
     os.makedirs(root, mode=DIR_MODE, exist_ok=True)
     path = os.path.join(root, "host.lock")
-    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
     try:
-        fd = os.open(path, flags, FILE_MODE)  # never through a symlink, never blocked by a FIFO
-    except OSError as exc:
-        if exc.errno not in (errno.ELOOP, errno.EISDIR):
-            raise
-        raise DataDirBusy(f"{path} is not a regular file ({exc.strerror}): remove it") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise DataDirBusy(f"{path} is not a regular file: remove it")
+        fd = open_regular(path, os.O_RDWR | os.O_CREAT)  # never a link's target
+    except NotRegularFile:
+        msg = f"{path} is not a regular file (a link, folder or FIFO): remove it"
+        raise DataDirBusy(msg) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
