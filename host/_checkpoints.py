@@ -17,7 +17,7 @@ import os
 import msgspec
 from msgspec import Raw, Struct
 
-from host._fs import FileSystem
+from host._fs import FileSystem, NotRegularFile, read_regular
 from host._layout import Layout
 
 log = logging.getLogger("host.checkpoints")
@@ -64,11 +64,17 @@ class Checkpoints:
         """Return the session's checkpoint; ``ValueError`` when the file is corrupt."""
         if session_id not in self.present:
             return None
+        path = self.layout.inflight(session_id)
         try:
-            with open(self.layout.inflight(session_id), "rb") as f:
-                data = f.read()
+            data = read_regular(path)
         except FileNotFoundError:
             self.present.discard(session_id)
+            return None
+        except NotRegularFile as exc:  # a FIFO would block the loop; a folder fail every call
+            aside = f"{path}.odd-{os.urandom(3).hex()}"
+            self.fs.rename(path, aside)
+            log.error("session %s: %s (%s): moved to %s", session_id, path, exc.strerror, aside)
+            self.forget(session_id)
             return None
         try:
             cp = _DEC.decode(data)

@@ -183,3 +183,45 @@ async def test_a_fifo_or_folder_at_the_quarantine_file_is_set_aside(
     assert [m["id"] for m in await get_messages(client, "s")] == ["m0", "m1", "m2"]
     assert await host.stop() == 0
     assert quarantine.is_file() and b"I2dhcmJhZ2Uj" in quarantine.read_bytes()
+
+
+# Found at 0eaa939 by the same review: a FIFO at a checkpoint blocked the event loop in
+# recoverInflightMessages (every call of every session with it); a folder there failed
+# that call for every session, so no other session's leftover was ever settled.
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+async def test_a_fifo_or_folder_at_a_checkpoint_is_set_aside_and_the_others_settled(
+    start_host: StartHost, data_dir: Path, kind: str
+) -> None:
+    host = await start_host()
+    assert host.client is not None
+    c = host.client
+    await c.handshake()
+    for sid in ("s", "other"):
+        await c.call("session.create", sessionId=sid)
+        await c.call("session.beginTurn", sessionId=sid, turnId="t1", prompt=msg(f"{sid}-q"))
+        await c.call(
+            "session.saveInflightMessage",
+            sessionId=sid,
+            turnId="t1",
+            message=msg(f"{sid}-a", "assistant", "a partial answer"),
+        )
+    assert await host.stop() == 0
+    checkpoint = data_dir / "sessions" / "s.inflight.json"
+    checkpoint.unlink()
+    _plant(checkpoint, kind)
+    host, client = await _serving(start_host, data_dir)
+    recovered = (await client.call("session.recoverInflightMessages"))["recovered"]
+    assert [r["sessionId"] for r in recovered] == ["other"]
+    await client.call("session.beginTurn", sessionId="s", turnId="t2", prompt=msg("s-q2"))
+    saved = await client.call(
+        "session.saveInflightMessage",
+        sessionId="s",
+        turnId="t2",
+        message=msg("s-a2", "assistant", "streams again"),
+    )
+    assert saved == {"saved": True}
+    assert await host.stop() == 0
+    assert "Traceback" not in host.log, host.log
+    assert [p.name.split(".odd-")[0] for p in checkpoint.parent.glob("*.odd-*")] == [
+        "s.inflight.json"
+    ]
