@@ -29,6 +29,7 @@ from tests.conftest import (
     run_cli,
     transcript,
 )
+from tests.e2e.turnkit import two_streaming_turns
 
 DEEP = b"[" * 3000 + b"]" * 3000
 """JSON nested deeper than msgspec (or Python's json) decodes: only a hand edit writes it."""
@@ -430,24 +431,6 @@ async def test_a_sidecar_nested_too_deep_does_not_stop_a_start(
 # -- checkpoints ------------------------------------------------------------------------
 
 
-async def _two_streaming_turns(start_host: StartHost) -> None:
-    """Sessions ``s`` and ``other``, each with a running turn and a checkpoint; stopped."""
-    host = await start_host()
-    assert host.client is not None
-    c = host.client
-    await c.handshake()
-    for sid in ("s", "other"):
-        await c.call("session.create", sessionId=sid)
-        await c.call("session.beginTurn", sessionId=sid, turnId="t1", prompt=msg(f"{sid}-q"))
-        await c.call(
-            "session.saveInflightMessage",
-            sessionId=sid,
-            turnId="t1",
-            message=msg(f"{sid}-a", "assistant", content="a partial answer"),
-        )
-    assert await host.stop() == 0  # the turns stay running: the next start settles them
-
-
 @pytest.mark.parametrize(
     "damage",
     [
@@ -463,7 +446,7 @@ async def _two_streaming_turns(start_host: StartHost) -> None:
 async def test_a_damaged_checkpoint_is_quarantined_never_promoted(
     start_host: StartHost, data_dir: Path, damage: Any
 ) -> None:
-    await _two_streaming_turns(start_host)
+    await two_streaming_turns(start_host)
     path = data_dir / "sessions" / "s.inflight.json"
     bad = damage(path.read_bytes())
     path.write_bytes(bad)
@@ -491,7 +474,7 @@ async def test_a_damaged_checkpoint_is_quarantined_never_promoted(
 async def test_a_checkpoint_whose_message_is_damaged_is_quarantined(
     start_host: StartHost, data_dir: Path
 ) -> None:
-    await _two_streaming_turns(start_host)
+    await two_streaming_turns(start_host)
     path = data_dir / "sessions" / "s.inflight.json"
     bad = path.read_bytes().replace(b'"assistant"', b'"assistbnt"')
     path.write_bytes(bad)

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Client, HostProcess, StartHost, get_messages, msg, transcript
+from tests.e2e.turnkit import two_streaming_turns
 
 OUTSIDE = b"a file of the user's, outside the data dir\n"
 
@@ -128,9 +129,7 @@ async def test_a_linked_quarantine_file_is_not_appended_to(
     start_host: StartHost, data_dir: Path, outside: Path
 ) -> None:
     await _built(start_host)
-    path = transcript(data_dir, "s")
-    lines = path.read_bytes().splitlines(keepends=True)
-    path.write_bytes(lines[0] + b"#garbage#\n" + b"".join(lines[1:]))
+    _damage_line(data_dir)
     (data_dir / "sessions" / "s.jsonl.quarantine").symlink_to(outside / "thesis.doc")
     before = _state(outside)
     host, client = await _serving(start_host, data_dir)
@@ -139,6 +138,13 @@ async def test_a_linked_quarantine_file_is_not_appended_to(
     assert _state(outside) == before
     quarantine = data_dir / "sessions" / "s.jsonl.quarantine"
     assert not quarantine.is_symlink() and b"I2dhcmJhZ2Uj" in quarantine.read_bytes()  # base64
+
+
+def _damage_line(data: Path) -> None:
+    """Put a line that is no message after the first: the start quarantines it."""
+    path = transcript(data, "s")
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(lines[0] + b"#garbage#\n" + b"".join(lines[1:]))
 
 
 def _plant(path: Path, kind: str) -> None:
@@ -174,9 +180,7 @@ async def test_a_fifo_or_folder_at_the_quarantine_file_is_set_aside(
     start_host: StartHost, data_dir: Path, kind: str
 ) -> None:
     await _built(start_host)
-    path = transcript(data_dir, "s")
-    lines = path.read_bytes().splitlines(keepends=True)
-    path.write_bytes(lines[0] + b"#garbage#\n" + b"".join(lines[1:]))
+    _damage_line(data_dir)
     quarantine = data_dir / "sessions" / "s.jsonl.quarantine"
     _plant(quarantine, kind)
     host, client = await _serving(start_host, data_dir)
@@ -192,20 +196,7 @@ async def test_a_fifo_or_folder_at_the_quarantine_file_is_set_aside(
 async def test_a_fifo_or_folder_at_a_checkpoint_is_set_aside_and_the_others_settled(
     start_host: StartHost, data_dir: Path, kind: str
 ) -> None:
-    host = await start_host()
-    assert host.client is not None
-    c = host.client
-    await c.handshake()
-    for sid in ("s", "other"):
-        await c.call("session.create", sessionId=sid)
-        await c.call("session.beginTurn", sessionId=sid, turnId="t1", prompt=msg(f"{sid}-q"))
-        await c.call(
-            "session.saveInflightMessage",
-            sessionId=sid,
-            turnId="t1",
-            message=msg(f"{sid}-a", "assistant", "a partial answer"),
-        )
-    assert await host.stop() == 0
+    await two_streaming_turns(start_host)
     checkpoint = data_dir / "sessions" / "s.inflight.json"
     checkpoint.unlink()
     _plant(checkpoint, kind)

@@ -76,3 +76,21 @@ def cli(host: HostProcess) -> Client:
     """The stdio client of ``host``."""
     assert host.client is not None
     return host.client
+
+
+async def two_streaming_turns(start_host: StartHost) -> None:
+    """Sessions ``s`` and ``other``, each with a running turn and a checkpoint; stopped."""
+    host = await start_host()
+    assert host.client is not None
+    c = host.client
+    await c.handshake()
+    for sid in ("s", "other"):
+        await c.call("session.create", sessionId=sid)
+        await c.call("session.beginTurn", sessionId=sid, turnId="t1", prompt=msg(f"{sid}-q"))
+        await c.call(
+            "session.saveInflightMessage",
+            sessionId=sid,
+            turnId="t1",
+            message=msg(f"{sid}-a", "assistant", content="a partial answer"),
+        )
+    assert await host.stop() == 0  # the turns stay running: the next start settles them
