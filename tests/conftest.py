@@ -20,7 +20,7 @@ import itertools
 import signal
 import sqlite3
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -509,6 +509,20 @@ async def run_cli(*args: str) -> tuple[int, str, str]:
 def transcript(data: Path, session_id: str) -> Path:
     """The transcript path of a session."""
     return data / "sessions" / f"{session_id}.jsonl"
+
+
+@contextlib.contextmanager
+def index_locked(index: Path) -> Iterator[None]:
+    """Hold ``index`` as another program can: an exclusive lock no reader gets past."""
+    holder = sqlite3.connect(index, isolation_level=None)
+    try:
+        holder.execute("PRAGMA locking_mode=EXCLUSIVE")
+        holder.execute("BEGIN EXCLUSIVE")
+        holder.execute("UPDATE sessions SET title = title")
+        holder.execute("COMMIT")  # in EXCLUSIVE locking mode the lock stays held
+        yield
+    finally:
+        holder.close()
 
 
 def disk_state(data: Path) -> dict[str, bytes]:

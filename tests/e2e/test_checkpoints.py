@@ -182,12 +182,17 @@ async def test_aborted_with_recover_inflight_promotes_the_checkpoint(
     assert [m["id"] for m in lines_of(data_dir, "s")] == ["u1", "a0", "a1"]
 
 
+async def _t0_done_t1_running(c: Client) -> None:
+    """Session ``s``: turn ``t0`` (prompt ``u0``) completed, then ``t1`` (``u1``) running."""
+    await streaming(c, "s", "t0", prompt="u0")
+    await c.call("session.endTurn", sessionId="s", turnId="t0", status="completed")
+    await c.call("session.beginTurn", sessionId="s", turnId="t1", prompt=msg("u1"))
+
+
 async def test_recover_inflight_leaves_a_checkpoint_of_another_turn_alone(
     client: Client, data_dir: Path
 ) -> None:
-    await streaming(client, "s", "t0", prompt="u0")
-    await client.call("session.endTurn", sessionId="s", turnId="t0", status="completed")
-    await client.call("session.beginTurn", sessionId="s", turnId="t1", prompt=msg("u1"))
+    await _t0_done_t1_running(client)
     await checkpoint(client, "s", reply("a0", "of the old turn"), tid="t0")
     before = file_state(inflight(data_dir, "s")), file_state(transcript(data_dir, "s"))
     res = await client.call(
@@ -562,9 +567,7 @@ async def test_the_next_turns_checkpoint_settles_a_leftover_before_replacing_it(
     # one written before a restart is read from the file: either way it is never lost.
     host = await boot(start_host)
     c = cli(host)
-    await streaming(c, "s", "t0", prompt="u0")
-    await c.call("session.endTurn", sessionId="s", turnId="t0", status="completed")
-    await c.call("session.beginTurn", sessionId="s", turnId="t1", prompt=msg("u1"))
+    await _t0_done_t1_running(c)
     await checkpoint(c, "s", reply("a0", "the old turn's reply"), tid="t0")  # a late write
     if written_by != "this host":
         host = await reboot(start_host, host)
@@ -603,9 +606,7 @@ async def test_a_snapshot_of_an_unknown_turn_leaves_the_running_turn_alone(
 async def test_a_late_snapshot_of_an_ended_turn_leaves_the_running_turns_checkpoint_alone(
     client: Client, data_dir: Path
 ) -> None:
-    await streaming(client, "s", "t0", prompt="u0")
-    await client.call("session.endTurn", sessionId="s", turnId="t0", status="completed")
-    await client.call("session.beginTurn", sessionId="s", turnId="t1", prompt=msg("u1"))
+    await _t0_done_t1_running(client)
     await checkpoint(client, "s", reply("a1", "t1 streams"), tid="t1")
     mine = file_state(inflight(data_dir, "s"))
     # t0's finished snapshot, sent at its message_end, arrives only now: it is t0's reply.

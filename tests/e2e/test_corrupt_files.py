@@ -25,6 +25,7 @@ from tests.conftest import (
     HostProcess,
     StartHost,
     get_messages,
+    index_locked,
     msg,
     run_cli,
     transcript,
@@ -388,12 +389,7 @@ async def test_an_index_another_program_holds_locked_is_refused_and_left_in_plac
     start_host: StartHost, data_dir: Path, built: dict[str, list[dict[str, Any]]]
 ) -> None:
     index = data_dir / "index.sqlite3"
-    holder = sqlite3.connect(index, isolation_level=None)
-    try:
-        holder.execute("PRAGMA locking_mode=EXCLUSIVE")
-        holder.execute("BEGIN EXCLUSIVE")
-        holder.execute("UPDATE sessions SET title = title")
-        holder.execute("COMMIT")  # the exclusive lock stays held: no one else reads
+    with index_locked(index):
         code, out = await _verify(data_dir)
         assert code == 2 and "locked by another program" in out, out
         host = await start_host(data_dir)
@@ -403,8 +399,6 @@ async def test_an_index_another_program_holds_locked_is_refused_and_left_in_plac
         assert await host.wait() == 3
         assert "locked by another program" in host.log and "Traceback" not in host.log, host.log
         assert list(data_dir.glob("index.sqlite3.damaged-*")) == []
-    finally:
-        holder.close()
     host, client = await _start(start_host, data_dir)
     for sid in ("s", "other"):
         assert await get_messages(client, sid) == built[sid]

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shlex
 import shutil
-import sqlite3
 import sys
 from pathlib import Path
 
@@ -19,6 +19,7 @@ from tests.conftest import (
     HostProcess,
     StartHost,
     disk_state,
+    index_locked,
     msg,
     run_cli,
     transcript,
@@ -210,24 +211,17 @@ async def test_inspect_says_what_is_wrong_with_the_index(
     await _conversation(client)
     assert await host.stop() == 0
     index = data_dir / "index.sqlite3"
-    holder = sqlite3.connect(index, isolation_level=None)
-    try:
+    with contextlib.ExitStack() as stack:
         if how == "garbage":
-            holder.close()
             index.write_bytes(b"not a database" * 100)
             want = "damaged"
         else:
-            holder.execute("PRAGMA locking_mode=EXCLUSIVE")
-            holder.execute("BEGIN EXCLUSIVE")
-            holder.execute("UPDATE sessions SET title = title")
-            holder.execute("COMMIT")  # the exclusive lock stays held
+            stack.enter_context(index_locked(index))
             want = "locked by another program"
         code, _out, err = await run_cli("inspect", "--data-dir", str(data_dir))
         assert code == 1 and want in err and "Traceback" not in err, err
         code, out, err = await run_cli("export", "--data-dir", str(data_dir), "trip")
         assert code == 0 and json.loads(out.splitlines()[0])["id"] == "u1", err
-    finally:
-        holder.close()
 
 
 async def test_export_into_a_closed_pipe_exits_quietly(
