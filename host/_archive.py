@@ -19,7 +19,7 @@ import aiofiles
 
 from host._errors import StorageError
 from host._fs import FileSystem, NotRegularFile, read_regular
-from host._layout import Layout, check_id
+from host._layout import Layout, check_id, legal_id
 from host._messages import parse_stored
 
 log = logging.getLogger("host.archive")
@@ -171,18 +171,30 @@ class Archive:
             data = await f.read()
         return _lines(session_id, root_id, rev, data)
 
+    def root_ids(self, session_id: str) -> list[str]:
+        """The session's pager roots with an archive folder, in order; the rest logged.
+
+        An entry that is no root's folder (a stray file, a link, a name no id can have) is
+        left alone: never followed, never read as an archive.
+        """
+        base = self.layout.revisions(session_id)
+        if os.path.islink(base) or not os.path.isdir(base):
+            return []
+        roots = []
+        for name in sorted(os.listdir(base)):
+            path = os.path.join(base, name)
+            if legal_id(name) and not os.path.islink(path) and os.path.isdir(path):
+                roots.append(name)
+            else:
+                log.warning("%s is not a pager root's folder: left alone", path)
+        return roots
+
     def sweep(self, session_id: str) -> int:
         """Remove payload files no manifest names (a crash before a commit); return count."""
         removed = 0
-        base = self.layout.revisions(session_id)
-        if not os.path.isdir(base):
-            return 0
-        for root_id in os.listdir(base):
-            path = os.path.join(base, root_id)
-            if os.path.islink(path) or not os.path.isdir(path):
-                log.warning("%s: not a revision folder, left alone", path)
-                continue
+        for root_id in self.root_ids(session_id):
+            folder = self.folder(session_id, root_id)
             for name in self.unnamed(session_id, root_id):
-                self.fs.unlink(os.path.join(base, root_id, name))
+                self.fs.unlink(os.path.join(folder, name))
                 removed += 1
         return removed

@@ -19,7 +19,7 @@ from typing import Any, BinaryIO, TextIO
 from host._archive import Archive, ArchiveDamaged, ManifestDamaged, Revision
 from host._fs import FileSystem, NotRegularFile, open_regular, read_whole
 from host._index import IndexBusy, connect_read_only, index_problem
-from host._layout import Layout, check_id, legal_id
+from host._layout import Layout, check_id
 from host._messages import parse_stored
 
 
@@ -98,18 +98,11 @@ class Inspector:
     def roots(self, sid: str) -> dict[str, list[Revision]]:
         """Every pager root with an archive, and its revisions, in order of rootId.
 
-        Read only: a damaged manifest, or an entry that is no root, is said on stderr and
-        left where it is (the host sets a damaged manifest aside at its next use).
+        Read only: a damaged manifest, or an entry that is no root (logged), is said on
+        stderr and left where it is (the host sets a damaged manifest aside at its next use).
         """
-        base = self.layout.revisions(sid)
-        if not os.path.isdir(base):
-            return {}
         roots: dict[str, list[Revision]] = {}
-        for name in sorted(os.listdir(base)):
-            path = os.path.join(base, name)
-            if not legal_id(name) or os.path.islink(path) or not os.path.isdir(path):
-                note(f"{path} is not a pager root's folder: left out")
-                continue
+        for name in self.archive.root_ids(sid):
             try:
                 roots[name] = self.archive.manifest(sid, name)
             except ManifestDamaged as exc:

@@ -597,7 +597,8 @@ async def test_activating_a_damaged_revision_changes_nothing(
 
 
 @pytest.mark.parametrize(
-    "kind", ["directory", "dangling symlink", "stray file in revisions", "illegal id"]
+    "kind",
+    ["directory", "dangling symlink", "stray file in revisions", "illegal id", "illegal root"],
 )
 async def test_an_odd_entry_in_the_data_dir_does_not_stop_a_start(
     start_host: StartHost, data_dir: Path, built: dict[str, list[dict[str, Any]]], kind: str
@@ -605,6 +606,8 @@ async def test_an_odd_entry_in_the_data_dir_does_not_stop_a_start(
     """Found at 77bc23c: each of these made the start fail with a traceback.
 
     A transcript named with an illegal id (a copy named by hand) was skipped in silence.
+    Found at c190e43: a folder under ``revisions/<id>/`` with a name no root id can have
+    stopped the start with an InvalidParams traceback.
     """
     odd = data_dir / "sessions" / "x.jsonl"
     stray = b'{"id":"m1","role":"user","content":"hi"}\n'
@@ -615,6 +618,8 @@ async def test_an_odd_entry_in_the_data_dir_does_not_stop_a_start(
         odd.mkdir()
     elif kind == "dangling symlink":
         odd.symlink_to(data_dir / "nowhere")
+    elif kind == "illegal root":
+        (data_dir / "revisions" / "s" / "bad name").mkdir(parents=True)
     else:
         (data_dir / "revisions" / "s").mkdir(parents=True, exist_ok=True)
         (data_dir / "revisions" / "s" / "m0").write_bytes(b"not a folder")
