@@ -18,22 +18,34 @@ import msgspec
 from msgspec import Raw, Struct
 
 from host._fs import FileSystem, NotRegularFile, read_regular
+from host._index import now_iso
 from host._layout import Layout
+from host._wire import Id
 
 log = logging.getLogger("host.checkpoints")
 
 
 class Checkpoint(Struct, rename="camel"):
-    """The content of one checkpoint file."""
+    """The content of one checkpoint file.
+
+    ``message_id`` is the message's own ``id``. The file leaves it out: its bytes are
+    written while the message's head is still being scanned (:meth:`Checkpoints.fill`).
+    Files from before that carry it, and read the same.
+    """
 
     session_id: str
     turn_id: str
-    message_id: str
     message: Raw
     saved_at: str
+    message_id: str = ""
+
+
+class _MessageId(Struct):
+    id: Id
 
 
 _DEC = msgspec.json.Decoder(Checkpoint)
+_MESSAGE_ID = msgspec.json.Decoder(_MessageId)
 _ENC = msgspec.json.Encoder()
 
 
@@ -78,6 +90,7 @@ class Checkpoints:
             return None
         try:
             cp = _DEC.decode(data)
+            cp.message_id = cp.message_id or _MESSAGE_ID.decode(cp.message).id
         except (msgspec.MsgspecError, RecursionError) as exc:  # RecursionError: a hand edit
             raise ValueError(f"corrupt checkpoint: {exc}") from None
         self._known[session_id] = cp.turn_id, cp.message_id
@@ -88,15 +101,32 @@ class Checkpoints:
         with open(self.layout.inflight(session_id), "rb") as f:
             return f.read()
 
-    def save(self, cp: Checkpoint) -> None:
-        """Replace the session's checkpoint atomically."""
-        sid = cp.session_id
-        self._known.pop(sid, None)  # a failed replace may leave either file
-        self.fs.write_swap(
-            self.layout.inflight(sid), self.layout.inflight_spare(sid), _ENC.encode(cp)
+    def fill(self, session_id: str, turn_id: str, message: Raw) -> None:
+        """Write the session's next checkpoint durably into its spare, not yet in place.
+
+        The file's bytes are the message's own, framed: no 1 MB copy to encode them.
+        Nothing reads the spare, so a call that then decides not to :meth:`install` it
+        (a late snapshot, a bad message) changes nothing.
+        """
+        head = b'{"sessionId":%s,"turnId":%s,"savedAt":%s,"message":' % (
+            _ENC.encode(session_id),
+            _ENC.encode(turn_id),
+            _ENC.encode(now_iso()),
         )
-        self.present.add(sid)
-        self._known[sid] = cp.turn_id, cp.message_id
+        spare = self.layout.inflight_spare(session_id)
+        self.fs.fill_spare(spare, [head, memoryview(message), b"}"])
+
+    def install(self, session_id: str, turn_id: str, message_id: str) -> None:
+        """Swap the filled spare in as the session's checkpoint (atomic, folder fsynced)."""
+        self._known.pop(session_id, None)  # a failed swap may leave either file
+        self.fs.swap_in(self.layout.inflight(session_id), self.layout.inflight_spare(session_id))
+        self.present.add(session_id)
+        self._known[session_id] = turn_id, message_id
+
+    def save(self, session_id: str, turn_id: str, message_id: str, message: Raw) -> None:
+        """Replace the session's checkpoint atomically: :meth:`fill`, then :meth:`install`."""
+        self.fill(session_id, turn_id, message)
+        self.install(session_id, turn_id, message_id)
 
     def remove(self, session_id: str) -> None:
         """Remove the session's checkpoint durably.

@@ -154,6 +154,7 @@ class Inspector:
             data = None
         if not isinstance(data, dict) or not isinstance(data.get("message", {}), dict):
             return {"error": "unreadable checkpoint file"}
+        data.setdefault("messageId", data.get("message", {}).get("id"))  # older files name it
         return data
 
 

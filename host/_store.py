@@ -13,10 +13,12 @@ reconciled before it is served: at start, and after any write that failed half-w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from msgspec import Raw
@@ -98,11 +100,17 @@ class FsyncPolicy:
 
     async def sync(self, transcript: Transcript, *, big: bool = False) -> None:
         """fsync ``transcript``; ``big``: after a write too big for the loop, always a thread."""
+        with self.timed():
+            if self.inline and not big:
+                transcript.sync()
+            else:
+                await asyncio.to_thread(transcript.sync)
+
+    @contextlib.contextmanager
+    def timed(self) -> Iterator[None]:
+        """Count the durable write in the block (a group's fsync, a checkpoint's replace)."""
         t0 = time.perf_counter()
-        if self.inline and not big:
-            transcript.sync()
-        else:
-            await asyncio.to_thread(transcript.sync)
+        yield
         self.average += (time.perf_counter() - t0 - self.average) / 8
 
 
@@ -119,6 +127,8 @@ class Store:
         self.intents = Intents(layout, self.fs, self.archive)
         self._open: dict[str, OpenSession] = {}
         self.fsyncs = FsyncPolicy()
+        self.scans = ThreadPoolExecutor(1, thread_name_prefix="host-scan")
+        """Where a big request's second JSON scan runs while the loop's write flushes."""
         self.counters: dict[str, int] = {}
 
     def count(self, name: str, n: int = 1) -> None:
@@ -174,9 +184,10 @@ class Store:
             s.transcript.close()
 
     def close(self) -> None:
-        """Close every open transcript."""
+        """Close every open transcript, and let the scan thread go."""
         for sid in list(self._open):
             self.forget(sid)
+        self.scans.shutdown(wait=False, cancel_futures=True)
 
     # -- reads ----------------------------------------------------------------------
 

@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from concurrent.futures import Future
 
 from msgspec import UNSET, Raw
 
 from host._checkpoints import Checkpoint
 from host._errors import AgentBusy, InvalidParams, NotFound
 from host._index import now_iso
-from host._messages import Status, incoming_head, parse_incoming, parse_stored
+from host._messages import Head, Status, incoming_head, parse_incoming, parse_stored
 from host._recovery import quarantine
 from host._sessions import SessionMethods
-from host._store import OpenSession, Store
+from host._store import BIG_WRITE, OpenSession, Store
 from host._wire import (
     BeginTurnParams,
     BeginTurnResult,
@@ -34,6 +35,13 @@ from host._wire import (
 )
 
 log = logging.getLogger("host.turns")
+SCAN_APART = 1 << 16
+"""A snapshot larger than this has its head scanned on a thread while it is written."""
+
+
+async def _result(scan: Future[Head]) -> Head:
+    """The head a scan found (or its error), without a hop when it is already done."""
+    return scan.result() if scan.done() else await asyncio.wrap_future(scan)
 
 
 class TurnMethods:
@@ -119,26 +127,54 @@ class TurnMethods:
     # -- checkpoints ----------------------------------------------------------------
 
     async def save_inflight(self, p: SaveInflightParams) -> SavedResult:
-        head = incoming_head(p.message)
-        sid = p.session_id
-        async with self.store.locks.hold(sid):
-            s = await self.store.open_session(sid)
-            index = self.store.index
-            if index.lookup_now(sid, [head.id]):  # no thread hop per snapshot
-                self.store.count("checkpoints.dropped_late")
-                return SavedResult(saved=False)  # a late write never resurrects a final row
+        """Replace the session's checkpoint with ``p.message`` (ADR 0153).
+
+        While fsyncs are fast the write runs on the loop, and for a big snapshot before its
+        head is known: the message's second JSON scan (the envelope's proved it is JSON, the
+        head's finds its id) runs on a thread while the loop's synced write, which holds no
+        GIL, flushes the bytes into the spare. Only then is the head checked and the spare
+        swapped in; a snapshot that fails a check leaves the spare, which nothing reads.
+        """
+        sid, store = p.session_id, self.store
+        inline = store.fsyncs.inline and len(p.message) <= BIG_WRITE
+        scan = None
+        if inline and len(p.message) > SCAN_APART:
+            scan = store.scans.submit(incoming_head, p.message)
+        head = incoming_head(p.message) if scan is None else None
+        async with store.locks.hold(sid):
+            filled = False
             try:
-                old = self.checkpoints.ids(sid)
-            except ValueError:
-                self.read(sid)  # quarantines the corrupt file
-                old = None
-            if old is not None and old[0] != p.turn_id:
-                if index.turn(sid, old[0]) == "running":
+                s = await store.open_session(sid)
+                try:
+                    old = self.checkpoints.ids(sid)
+                except ValueError:
+                    self.read(sid)  # quarantines the corrupt file
+                    old = None
+                ours = old is None or old[0] == p.turn_id
+                if scan is not None and ours:
+                    with store.fsyncs.timed():
+                        self.checkpoints.fill(sid, p.turn_id, p.message)
+                    filled = True
+            finally:
+                if scan is not None:  # even after a failure: a bad message is INVALID_PARAMS
+                    head = await _result(scan)
+            assert head is not None
+            if store.index.lookup_now(sid, [head.id]):  # no thread hop per snapshot
+                store.count("checkpoints.dropped_late")
+                return SavedResult(saved=False)  # a late write never resurrects a final row
+            if not ours:
+                assert old is not None
+                if store.index.turn(sid, old[0]) == "running":
                     return await self._beside_running(s, p)
                 await self._settle_leftover(sid, wait_completed=False)  # never overwrite one
-            cp = Checkpoint(sid, p.turn_id, head.id, p.message, now_iso())
-            await asyncio.to_thread(self.checkpoints.save, cp)
-            self.store.count("checkpoints.saved")
+            if filled:
+                self.checkpoints.install(sid, p.turn_id, head.id)
+            elif inline:
+                with store.fsyncs.timed():
+                    self.checkpoints.save(sid, p.turn_id, head.id, p.message)
+            else:
+                await asyncio.to_thread(self.checkpoints.save, sid, p.turn_id, head.id, p.message)
+            store.count("checkpoints.saved")
             return SavedResult(saved=True)
 
     async def _beside_running(self, s: OpenSession, p: SaveInflightParams) -> SavedResult:

@@ -108,7 +108,8 @@ async def converse(client: Client, proc: asyncio.subprocess.Process, data: Path)
         code = await exit_code(proc)  # end of input, or a kill when it hangs
     assert code == 0
     assert transcript(data, "s").read_bytes().count(b"\n") == 1
-    assert json.loads((data / "sessions" / "s.inflight.json").read_bytes())["messageId"] == "r1"
+    body = json.loads((data / "sessions" / "s.inflight.json").read_bytes())
+    assert body["message"]["id"] == "r1"
 
 
 @pytest.mark.parametrize("loop", LOOPS)

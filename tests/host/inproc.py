@@ -55,6 +55,7 @@ FS_CALLS = (
     "open",
     "link",
     "write_all",
+    "write_synced",
     "copy_range",
     "fsync",
     "fsync_dir",

@@ -16,8 +16,10 @@ from __future__ import annotations
 import os
 import shutil
 import traceback
+from collections.abc import Sequence
 
 from host import FileSystem
+from host._fs import Buffer
 from tests.host.inproc import FS_CALLS, Crash, tick_before
 
 INDEX_FILES = ("index.sqlite3", "index.sqlite3-wal", "index.sqlite3-shm")
@@ -101,6 +103,15 @@ class PowerLossFileSystem(FileSystem):
         with open(f"/proc/self/fd/{fd}", "rb") as f:  # fd may be write-only
             self.data[uid] = f.read()
 
+    def write_synced(self, fd: int, parts: Sequence[Buffer]) -> None:
+        self._tick()
+        FileSystem.write_synced(self, fd, parts)
+        if self._skipped("write_synced"):
+            return  # its flush "did not happen": the bytes are only in the page cache
+        uid = self.uid[os.fstat(fd).st_ino]
+        with open(f"/proc/self/fd/{fd}", "rb") as f:
+            self.data[uid] = f.read()
+
     def fsync_dir(self, path: str) -> None:
         self._tick()
         super().fsync_dir(path)
@@ -161,5 +172,5 @@ def _read(path: str) -> bytes:
 
 tick_before(
     PowerLossFileSystem,
-    tuple(n for n in FS_CALLS if n not in ("open", "fsync", "fsync_dir", "mkdir")),
+    tuple(n for n in FS_CALLS if n not in ("open", "write_synced", "fsync", "fsync_dir", "mkdir")),
 )

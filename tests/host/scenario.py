@@ -121,3 +121,11 @@ OPS["checkpoint-again"] = lambda c: c(
 )
 # Regenerate from the reply still streaming: its checkpoint is promoted, then cut away.
 OPS["regenerate-streaming"] = lambda c: c("session.truncateFrom", sessionId="s", fromMessageId="b3")
+# A snapshot big enough to be written while a thread scans its head (SCAN_APART).
+PRE["checkpoint-big"] = _two_snapshots
+OPS["checkpoint-big"] = lambda c: c(
+    "session.saveInflightMessage",
+    sessionId="s",
+    turnId="t3",
+    message=msg("b3", content="4" * 80_000),
+)

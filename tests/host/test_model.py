@@ -613,8 +613,8 @@ class Machine(RuleBasedStateMachine):
             cp = None
             if cp_path.exists():
                 raw = json.loads(cp_path.read_bytes())
-                assert raw["message"]["id"] == raw["messageId"]
-                cp = CP(raw["turnId"], raw["messageId"], raw["message"]["content"])
+                assert "messageId" not in raw  # the message's own id is the one
+                cp = CP(raw["turnId"], raw["message"]["id"], raw["message"]["content"])
             turns = {t: status for t, status, _, _ in await index.turns(sid)}
             out[sid] = {"msgs": msgs, "turns": dict(sorted(turns.items())), "cp": cp}
             out[sid]["revisions"] = revs

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from host import FileSystem
+from host._fs import Buffer
 from tests.host.inproc import Client, Crash, msg, open_host
 from tests.host.powerloss import PowerLossFileSystem
 
@@ -43,6 +45,13 @@ class Strict(PowerLossFileSystem):
         FileSystem.write_all(self, fd, data)
         if self.cut_after_write:
             self.die("power cut after a write, before its fsync")
+
+    def write_synced(self, fd: int, parts: Sequence[Buffer]) -> None:
+        if not self.cut_after_write:
+            return super().write_synced(fd, parts)
+        self._tick()
+        FileSystem.write_all(self, fd, b"".join(parts))  # written, never flushed
+        self.die("power cut after a write, before its flush")
 
     def fsync_dir(self, path: str) -> None:
         if self.crash_on_fsync_dir:

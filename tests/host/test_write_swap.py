@@ -9,12 +9,13 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
 from host import FileSystem
-from host._fs import read_whole
+from host._fs import Buffer, read_whole
 
 
 def swap(fs: FileSystem, folder: Path, data: bytes) -> None:
@@ -100,18 +101,24 @@ def test_a_failed_folder_fsync_swaps_the_old_file_back(tmp_path: Path) -> None:
 
 
 class FailingFsync(FileSystem):
-    """A file fsync that fails with ENOSPC."""
+    """A file fsync, and a synced write, that fail with ENOSPC."""
 
     def fsync(self, fd: int) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
+    def write_synced(self, fd: int, parts: Sequence[Buffer]) -> None:
+        os.pwritev(fd, parts, 0)  # written, then the flush finds no room for it
+        raise OSError(errno.ENOSPC, "No space left on device")
 
+
+# Longer than the spare: one synced write; shorter: a write, a cut and an fsync.
+@pytest.mark.parametrize("data", [b"three" * 1000, b"3"])
 def test_a_failed_write_of_the_spare_leaves_the_file_and_frees_the_spare(
-    tmp_path: Path,
+    tmp_path: Path, data: bytes
 ) -> None:
     swap(FileSystem(), tmp_path, b"one")
     swap(FileSystem(), tmp_path, b"two")
     with pytest.raises(OSError):
-        swap(FailingFsync(), tmp_path, b"three" * 1000)
+        swap(FailingFsync(), tmp_path, data)
     assert (tmp_path / "cp.json").read_bytes() == b"two"
     assert names(tmp_path) == ["cp.json"]  # on a full disk its blocks are given back
