@@ -201,7 +201,8 @@ LAYOUT_OUTRO = """
 - `sessions/<id>.meta.json` holds `{"title", "createdAt"}`, so that an index rebuilt from
   the files keeps the title.
 - `sessions/<id>.inflight.json` is the streaming checkpoint (ADR 0153):
-  `{"sessionId", "turnId", "messageId", "message", "savedAt"}`, one per session.
+  `{"sessionId", "turnId", "savedAt", "message"}`, one per session; the message's own `id`
+  is its id (older files also carry a `"messageId"`, and read the same).
 - `sessions/<id>.inflight.spare` is the checkpoint before it, kept as the temp file the next
   save overwrites (see Durability). The host never reads it; it goes with its checkpoint
   and at every start. Read a live checkpoint under a shared `flock` (as `host inspect`
@@ -245,7 +246,8 @@ An answer to a write means it is on disk. The order of every write (`host/_store
   `fsync`; until the folder fsync succeeds the old file keeps a second (hard-linked) name,
   so a failure at any step puts it back.
 - **Checkpoint** (`saveInflightMessage`): the same recipe with the temp file kept between
-  saves. `<id>.inflight.spare` is overwritten in place and cut to length, `fsync`, then
+  saves. `<id>.inflight.spare` is overwritten in place and made durable (cut to length and
+  `fsync` when it shrinks, else one `pwritev` with `RWF_DSYNC`, fdatasync's promise), then
   swapped with the checkpoint in one `renameat2(RENAME_EXCHANGE)`, folder `fsync`; the old
   checkpoint becomes the next save's spare. A failed folder fsync swaps them back and
   removes the spare (the disk may still call its file the checkpoint). A reply
@@ -253,7 +255,10 @@ An answer to a write means it is on disk. The order of every write (`host/_store
   1 MB replace on ext4 (no allocation at the fsync, no freeing at the rename). Where the
   swap is not supported (another OS or file system, or a seccomp filter that denies
   `renameat2`) the spare is renamed over the
-  checkpoint as above.
+  checkpoint as above. A snapshot over 64 KiB is written into the spare before its head
+  is checked (a thread scans it meanwhile); one that then fails a check (a bad message, an
+  id already stored) gets the answer it always got, and only the spare, which nothing
+  reads, has changed.
 - **Truncation** (`truncateFrom`): the bytes to cut are read once (O(cut)); a cut that
   archives a branch or restamps its root records an intent first; then the transcript is
   cut at the byte offset the index knows (`ftruncate`, the restamped root line appended if
