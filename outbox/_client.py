@@ -29,6 +29,13 @@ _ENC = msgspec.json.Encoder()
 _DEC = msgspec.json.Decoder()
 
 
+class _Id(msgspec.Struct):
+    id: Any = None
+
+
+_ID = msgspec.json.Decoder(_Id)
+
+
 class ClientError(Exception):
     """Base of the client's errors."""
 
@@ -111,6 +118,19 @@ class HostClient:
         )
         return result
 
+    def _fail_unreadable(self, line: bytes, exc: BaseException) -> None:
+        """Fail the call an answer this client cannot decode belongs to, at once.
+
+        Dropping it would leave that call waiting out its whole deadline.
+        """
+        try:
+            rid = _ID.decode(line).id
+        except (msgspec.MsgspecError, RecursionError):
+            return
+        fut = self._pending.pop(rid, None) if isinstance(rid, int) else None
+        if fut is not None and not fut.done():
+            fut.set_exception(ClientError(f"the host's answer cannot be read here: {exc}"))
+
     async def _read_loop(self) -> None:
         try:
             while True:
@@ -119,8 +139,9 @@ class HostClient:
                     break
                 try:
                     msg = _DEC.decode(line)
-                except msgspec.DecodeError:
-                    log.error("host sent a line that is not JSON: %r", line[:200])
+                except (msgspec.DecodeError, RecursionError) as exc:
+                    log.error("host sent a line this client cannot read: %r", line[:200])
+                    self._fail_unreadable(line, exc)
                     continue
                 for item in msg if isinstance(msg, list) else [msg]:
                     rid = item.get("id") if isinstance(item, dict) else None

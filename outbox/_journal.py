@@ -51,7 +51,21 @@ COMPACT_AFTER = 4096  # acknowledged entries before an idle journal is rewritten
 _CRC = b',"crc":'
 
 
-_RAW = msgspec.json.Decoder(Raw)
+MAX_DEPTH = 256
+"""How deep a message may nest. The host's decoder stops where the stack does, a few
+levels nearer for a row inside a batch line: a row near that line would be refused with
+its whole batch, every time, and hold every later row back."""
+
+
+def _depth(value: Any) -> int:
+    """How deeply ``value`` nests lists and objects (without recursion)."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        v, d = todo.pop()
+        if isinstance(v, dict | list):
+            deepest = max(deepest, d)
+            todo.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return deepest
 
 
 def _sealed(obj: bytes) -> bytes:
@@ -84,6 +98,7 @@ class Journal:
         self._synced = 0  # highest seq known durable
         self._sync: asyncio.Future[None] | None = None  # the group's fsync in flight
         self._acked_since_compact = 0
+        self._dir_synced = True  # the folder holds the journal's current name durably
         self.fsyncs = 0
 
     @classmethod
@@ -164,9 +179,11 @@ class Journal:
         # The host would refuse the whole batch line (PARSE_ERROR, answering none of it).
         message.decode("utf-8")
         try:
-            _RAW.decode(message)
-        except msgspec.DecodeError as exc:
-            raise ValueError(f"message is not JSON: {exc}") from None
+            value = msgspec.json.decode(message)  # what the client must decode back too
+        except (msgspec.DecodeError, RecursionError) as exc:  # 1e999 is JSON, not readable
+            raise ValueError(f"message is not JSON the host and client can read: {exc}") from None
+        if _depth(value) > MAX_DEPTH:
+            raise ValueError(f"message nests deeper than {MAX_DEPTH} levels")
         entry = Entry(self.next_seq, session_id, Raw(message), turn_id)
         self._write(_sealed(_ENC.encode(entry)))
         self.next_seq += 1
@@ -184,7 +201,13 @@ class Journal:
             await asyncio.shield(self._sync)
 
     async def _fsync(self, target: int) -> None:
-        await asyncio.to_thread(os.fsync, self._fd)
+        if not self._dir_synced:
+            await asyncio.to_thread(self._sync_dir)
+        fd = os.dup(self._fd)  # its own descriptor: a compaction may close ours meanwhile
+        try:
+            await asyncio.to_thread(os.fsync, fd)
+        finally:
+            os.close(fd)
         self.fsyncs += 1
         self._synced = max(self._synced, target)
 
@@ -218,14 +241,28 @@ class Journal:
         finally:
             os.close(fd)
         os.rename(tmp, self.path)
+        # The new file takes the appends at once: a failure from here on must never leave
+        # later entries going, fsynced and "durable", into the old file, which is unlinked.
+        old, self._fd = self._fd, os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
+        os.close(old)
+        self._acked_since_compact = 0
+        self._dir_synced = False
+        self._sync_dir()
+
+    def _sync_dir(self) -> None:
+        """fsync the journal's folder, so the compacted file's name is durable.
+
+        Until it succeeds no entry is reported durable (``_fsync`` retries it first): a
+        power cut could otherwise bring the old file back without them.
+        """
+        if self._dir_synced:
+            return
         dfd = os.open(os.path.dirname(os.path.abspath(self.path)), os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.fsync(dfd)
         finally:
             os.close(dfd)
-        os.close(self._fd)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
-        self._acked_since_compact = 0
+        self._dir_synced = True
 
     def stats(self) -> dict[str, Any]:
         return {"pending": len(self.pending), "fsyncs": self.fsyncs, "nextSeq": self.next_seq}

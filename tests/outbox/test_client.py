@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from outbox import CallTimeout, HostClient, HostGone, Outbox, RemoteError
+from outbox import CallTimeout, ClientError, HostClient, HostGone, Outbox, RemoteError
 from tests.outbox.kit import spawned, stored_ids, until
 
 
@@ -146,3 +146,16 @@ async def test_a_batch_past_its_deadline_cancels_every_call_in_it() -> None:
     finally:
         reader.feed_eof()
         await client.close()
+
+
+async def test_an_answer_this_client_cannot_read_fails_its_call_at_once() -> None:
+    reader, writer = asyncio.StreamReader(), PipeWriter()
+    client = HostClient(reader, writer, deadline=600.0)  # type: ignore[arg-type]
+    call = asyncio.create_task(client.call("session.get", {"sessionId": "s"}))
+    await until(lambda: len(writer.lines) == 1, "the request to be sent")
+    rid = writer.lines[0]["id"]
+    reader.feed_data(b'{"jsonrpc":"2.0","id":%d,"result":{"v":1e999}}\n' % rid)
+    with pytest.raises(ClientError, match="cannot be read"):
+        await asyncio.wait_for(call, 10.0)  # not the 600 s deadline
+    reader.feed_eof()
+    await client.close()

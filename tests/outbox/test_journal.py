@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import os
 import random
 import signal
+import stat
 import threading
 from pathlib import Path
 
@@ -217,3 +219,50 @@ async def test_a_message_that_is_not_json_is_refused(tmp_path: Path) -> None:
                 await journal.append("s", bad, "t")
         assert journal.pending == {}
     assert path.read_bytes() == b""
+
+
+async def test_entries_after_a_compaction_whose_folder_fsync_failed_are_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_journal, "COMPACT_AFTER", 1)
+    path = tmp_path / "outbox.jsonl"
+    real_fsync = os.fsync
+    failed: list[int] = []
+
+    def fsync(fd: int) -> None:
+        if stat.S_ISDIR(os.fstat(fd).st_mode) and not failed:
+            failed.append(fd)
+            raise OSError(errno.EIO, "folder fsync failed")
+        real_fsync(fd)
+
+    async with Journal.open(str(path)) as journal:
+        first = await journal.append("s", b'{"id":"m1","role":"user"}', None)
+        monkeypatch.setattr(os, "fsync", fsync)
+        journal.ack(first.seq)  # compacts: rename done, then the folder fsync fails
+        monkeypatch.setattr(os, "fsync", real_fsync)
+        assert failed
+        second = await journal.append("s", b'{"id":"m2","role":"user"}', None)  # "durable"
+    async with Journal.open(str(path)) as journal:
+        assert second.seq in journal.pending, "an entry append reported durable is gone"
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        b'{"id":"t1","role":"tool","value":1e999}',  # JSON syntax no decoder can read back
+        b'{"id":"t1","role":"tool","n":' + b"[" * 300 + b"]" * 300 + b"}",  # past the host
+    ],
+)
+async def test_a_row_the_host_or_client_could_not_read_is_refused_and_not_written(
+    tmp_path: Path, row: bytes
+) -> None:
+    path = tmp_path / "outbox.jsonl"
+    async with Journal.open(str(path)) as journal:
+        with pytest.raises(ValueError):
+            await journal.append("s", row, None)
+        assert journal.pending == {}
+        ok = await journal.append(
+            "s", b'{"id":"t2","role":"tool","n":' + b"[" * 200 + b"]" * 200 + b"}", None
+        )
+    async with Journal.open(str(path)) as journal:
+        assert list(journal.pending) == [ok.seq]  # one refused row holds nothing back
