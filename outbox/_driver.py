@@ -203,6 +203,14 @@ class TurnDriver:
         if outcome == "crashed":
             await st.throttle.flush()
             params = {"status": "aborted", "recoverInflight": True}
+            # The promoted checkpoint is appended at once: the turn's rows still queued
+            # (tool rows, its finished reply) must be stored first, or they land after it
+            # and the finished reply is deduplicated behind an aborted copy. Not drained in
+            # time: a plain abort, and the connect sequence settles it in order later.
+            try:
+                await self.outbox.drain(self.drain_timeout, st.session_id)
+            except DrainTimeout:
+                params = {"status": "aborted"}
         elif outcome == "stopped":
             params = {"status": "aborted"}
         elif outcome == "error":
