@@ -34,6 +34,7 @@ class CutStep(Struct, rename="camel"):
     before: int  # the file's size before the cut
     cut_sha256: str  # of the bytes [offset, before): the cut applies to exactly those
     append: str | None = None  # the restamped root line, written right after the cut
+    inode: int = 0  # the transcript's: a file written since (a rewrite) is never cut (0: older)
 
 
 class StampStep(Struct, rename="camel"):
@@ -108,7 +109,13 @@ class Intents:
         if isinstance(intent.cut, CutStep):
             cut = intent.cut
             tail = b"" if cut.append is None else cut.append.encode() + b"\n"
-            size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            if cut.inode and st.st_ino != cut.inode:
+                # Another file took the name since (a rewrite, after a finished change whose
+                # intent could not be removed): its size says nothing about this cut.
+                log.error("session %s: stale cut intent ignored", intent.session_id)
+                return
+            size = st.st_size
             done = cut.offset + len(tail)
             if size == done and self.fs.pread(fd, len(tail), cut.offset) == tail:
                 return  # already done

@@ -1,7 +1,8 @@
 """A fault after a change is complete: the call that made it still answers success.
 
 The checkpoint's removal comes after an append group's lines are fsynced; its failure
-must not tell every call of the group "nothing changed on disk".
+must not tell every call of the group "nothing changed on disk". An intent whose removal
+failed after its change finished must never be applied to a file written since.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 from host import FileSystem, Host
 from host._endpoint import Connection
-from tests.host.inproc import msg
+from tests.host.inproc import msg, open_host
 from tests.host.test_endpoint import FakeWriter, line
 
 
@@ -70,3 +71,23 @@ async def test_a_stored_append_group_is_not_answered_storage_error(tmp_path: Pat
 
 
 # 3 -------------------------------------------------------------------------------------
+
+
+async def test_a_leftover_intent_does_not_bring_a_deleted_message_back(tmp_path: Path) -> None:
+    data = str(tmp_path / "data")
+    fs = FailOnce("unlink", suffix=".intent.json")
+    async with open_host(data, fs) as call:
+        await call("session.create", sessionId="s")
+        for m in (msg("u1", "user"), msg("a1"), msg("u2", "user"), msg("b1")):
+            await call("session.appendMessage", sessionId="s", message=m)
+        fs.armed = True  # the regenerate succeeds; only removing its intent fails
+        cut = await call("session.truncateFrom", sessionId="s", fromMessageId="b1")
+        assert cut["removed"] == 1
+        # the user deletes the unanswered prompt and quits
+        await call("session.deleteMessages", sessionId="s", messageIds=["u2"])
+        assert await ids(call) == ["u1", "a1"]
+    async with open_host(data) as call:
+        assert await ids(call) == ["u1", "a1"], "start-up replayed a stale cut intent"
+
+
+# 4 -------------------------------------------------------------------------------------
