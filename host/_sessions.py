@@ -208,12 +208,7 @@ class SessionMethods:
                     a.line = next(b.line for b in fresh if b.msg.id == a.msg.id)
                 if not a.appended:
                     self.store.count("appends.deduplicated")
-                try:
-                    await self.after_append(s, a.msg.id)
-                except OSError as exc:  # the lines are stored: answered as such
-                    # A checkpoint left with an indexed id is harmless: a later snapshot
-                    # of it is dropped as late, and any settlement removes it.
-                    log.warning("session %s: checkpoint not removed: %s", s.session_id, exc)
+                await self.after_append(s, a.msg.id)
             if len(group) > 1:
                 self.store.count("appends.grouped", len(group))
         except BaseException as exc:
