@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import os
 from collections.abc import Awaitable, Callable, Sequence
 
 from msgspec import UNSET, Raw
@@ -375,8 +374,7 @@ class HistoryMethods:
             if cut >= total:  # a retried call: the cut is already made
                 return TruncateResult(kept=total, removed=0, archived=0)
             (first,) = await self.store.index.rows(sid, cut, cut + 1)
-            inode = os.fstat(s.transcript.fd).st_ino
-            step = CutStep(first.offset, s.size, "", inode=inode)
+            step = CutStep(first.offset, s.size, "")
             keep_from, new_rows = cut, []
             archive: ArchiveStep | None = None
             old: list[Revision] = []
@@ -396,7 +394,7 @@ class HistoryMethods:
                 n = len(revs)
                 stamp = _pager(root.message_id, n + 1, n)
                 nl = NewLine.of(msg, msg.turn_id, stamp)
-                step = CutStep(root.offset, s.size, "", nl.data.decode(), inode)
+                step = CutStep(root.offset, s.size, "", nl.data.decode())
                 keep_from, new_rows = root.line, [nl.row(root.line, root.offset)]
                 archive = ArchiveStep(root.message_id, [_rev(r) for r in revs])
                 pager = Pager(root_id=root.message_id, revision_count=n + 1, active_revision=n)
@@ -413,7 +411,7 @@ class HistoryMethods:
 
             async def cut_and_index() -> None:
                 if intent is None:
-                    await asyncio.to_thread(s.transcript.cut, step.offset)
+                    await asyncio.to_thread(self.store.cut_file, s, step.offset)
                 else:
                     await asyncio.to_thread(self.intents.apply_cut, intent, s.transcript.fd)
                 stamp_now = s.transcript.stamp()

@@ -34,7 +34,6 @@ class CutStep(Struct, rename="camel"):
     before: int  # the file's size before the cut
     cut_sha256: str  # of the bytes [offset, before): the cut applies to exactly those
     append: str | None = None  # the restamped root line, written right after the cut
-    inode: int = 0  # the transcript's: a file written since (a rewrite) is never cut (0: older)
 
 
 class StampStep(Struct, rename="camel"):
@@ -65,15 +64,33 @@ class Intents:
         self.layout = layout
         self.fs = fs
         self.archive = archive
+        # Sessions whose finished change left its intent on disk (its removal failed).
+        self.left: set[str] = set()
 
     def record(self, intent: Intent) -> None:
         """Write the intent durably: from here on the change will happen."""
         self.fs.write_atomic(self.layout.intent(intent.session_id), _ENC.encode(intent))
+        self.left.discard(intent.session_id)  # the new one replaced a leftover
 
     def clear(self, session_id: str) -> None:
-        """Remove a finished intent."""
+        """Remove a finished intent; if that fails, :meth:`settle` tries again."""
+        self.left.add(session_id)
         if self.fs.unlink(self.layout.intent(session_id)):
             self.fs.fsync_dir(self.layout.sessions)
+        self.left.discard(session_id)
+
+    def settle(self, session_id: str) -> None:
+        """Remove a finished change's leftover intent before the transcript is rewritten.
+
+        A start applies an intent to whatever file it finds, and a rewrite or a plain cut
+        can bring the file back to a size the cut passes through (deleting the unanswered
+        prompt after a regenerate, an edit-resend of its root): the cut's root line would
+        come back. So every write that can shorten the file waits for this. Appends need
+        not: a longer file is never one of the cut's states (its root keeps its id, so the
+        cut-away bytes cannot come back), and the start leaves such a file alone.
+        """
+        if session_id in self.left:
+            self.clear(session_id)
 
     def pending(self) -> list[Intent]:
         """Return every intent left by a host that died (start-up only)."""
@@ -109,13 +126,7 @@ class Intents:
         if isinstance(intent.cut, CutStep):
             cut = intent.cut
             tail = b"" if cut.append is None else cut.append.encode() + b"\n"
-            st = os.fstat(fd)
-            if cut.inode and st.st_ino != cut.inode:
-                # Another file took the name since (a rewrite, after a finished change whose
-                # intent could not be removed): its size says nothing about this cut.
-                log.error("session %s: stale cut intent ignored", intent.session_id)
-                return
-            size = st.st_size
+            size = os.fstat(fd).st_size
             done = cut.offset + len(tail)
             if size == done and self.fs.pread(fd, len(tail), cut.offset) == tail:
                 return  # already done

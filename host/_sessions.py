@@ -78,6 +78,7 @@ class SessionMethods:
             meta = json.dumps({"title": title, "createdAt": now}).encode()
 
             def make_files() -> FileStamp:
+                self.store.intents.clear(sid)  # a deleted session's, its removal failed
                 fs.write_atomic(layout.meta(sid), meta)
                 t = Transcript.create(fs, layout.transcript(sid))
                 try:

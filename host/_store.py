@@ -284,7 +284,7 @@ class Store:
         keep_from: int = 0,
     ) -> None:
         """Replace the file by ``pieces`` and the rows from line ``keep_from`` by ``rows``."""
-        rw = await asyncio.to_thread(s.transcript.rewrite, pieces)
+        rw = await asyncio.to_thread(self._rewrite_file, s, pieces)
         self.count("rewrites")
         try:
             stamp = s.transcript.stamp()
@@ -303,7 +303,7 @@ class Store:
         """Rewrite exactly one line; every other line is copied byte for byte."""
         end = row.offset + row.length + 1
         pieces: list[Piece] = [(0, row.offset), data + b"\n", (end, s.size - end)]
-        rw = await asyncio.to_thread(s.transcript.rewrite, pieces)
+        rw = await asyncio.to_thread(self._rewrite_file, s, pieces)
         self.count("rewrites")
         try:
             stamp = s.transcript.stamp()
@@ -314,6 +314,15 @@ class Store:
             raise
         rw.commit()
         s.size = stamp.size
+
+    def _rewrite_file(self, s: OpenSession, pieces: Sequence[Piece]) -> Rewrite:
+        self.intents.settle(s.session_id)  # never a stale intent over a rewritten file
+        return s.transcript.rewrite(pieces)
+
+    def cut_file(self, s: OpenSession, size: int) -> None:
+        """Cut the transcript to ``size`` bytes: a plain truncation (blocking)."""
+        self.intents.settle(s.session_id)  # never a stale intent over a shortened file
+        s.transcript.cut(size)
 
     def _undo(self, s: OpenSession, rw: Rewrite) -> None:
         try:

@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 
 from host import FileSystem, Host
-from host._errors import HostError
+from host._errors import to_error_object
 from host._wire import DECODERS
 
 
@@ -122,10 +122,11 @@ class Client:
         return json.loads(msgspec.json.encode(result))
 
     async def error(self, method: str, **params: Any) -> dict[str, Any]:
+        """The error object the endpoint would answer for this call."""
         try:
             await self(method, **params)
-        except HostError as exc:
-            return exc.to_object()
+        except Exception as exc:
+            return to_error_object(exc, method)
         raise AssertionError(f"{method} did not fail")
 
 
