@@ -161,6 +161,7 @@ class HistoryMethods:
             lines = [m.stored_line(turn_id=m.turn_id, pager={}) for m in msgs]
 
             def write() -> int:
+                self.intents.settle(sid)  # a leftover's replay would drop this revision
                 revs = self.archive.load(sid, p.root_id)
                 name = self.archive.write_payload(sid, p.root_id, len(revs), lines)
                 revs.append(Revision(len(revs), name, len(lines), now_iso()))

@@ -73,21 +73,25 @@ class Intents:
         self.left.discard(intent.session_id)  # the new one replaced a leftover
 
     def clear(self, session_id: str) -> None:
-        """Remove a finished intent; if that fails, :meth:`settle` tries again."""
+        """Remove a finished intent durably; if that fails, :meth:`settle` tries again."""
+        retry = session_id in self.left  # its unlink may be done, its folder fsync not
         self.left.add(session_id)
-        if self.fs.unlink(self.layout.intent(session_id)):
+        if self.fs.unlink(self.layout.intent(session_id)) or retry:
             self.fs.fsync_dir(self.layout.sessions)
         self.left.discard(session_id)
 
     def settle(self, session_id: str) -> None:
         """Remove a finished change's leftover intent before the transcript is rewritten.
 
-        A start applies an intent to whatever file it finds, and a rewrite or a plain cut
-        can bring the file back to a size the cut passes through (deleting the unanswered
-        prompt after a regenerate, an edit-resend of its root): the cut's root line would
-        come back. So every write that can shorten the file waits for this. Appends need
-        not: a longer file is never one of the cut's states (its root keeps its id, so the
-        cut-away bytes cannot come back), and the start leaves such a file alone.
+        A start replays an intent's steps over whatever it finds, so every write that a
+        replay would undo waits for this:
+        - a rewrite or a plain cut can bring the transcript back to a size the cut passes
+          through (deleting the unanswered prompt after a regenerate, an edit-resend of
+          its root): the cut's root line would come back;
+        - ``saveRevision`` commits a manifest the intent's older one would replace.
+        Appends need not: a longer file is never one of the cut's states (its root keeps
+        its id, so the cut-away bytes cannot come back). Changes that record an intent of
+        their own replace the leftover; every restamp is a rewrite or one of those.
         """
         if session_id in self.left:
             self.clear(session_id)

@@ -11,8 +11,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from host import FileSystem
 from tests.host.inproc import msg, open_host
+from tests.host.powerloss import PowerLossFileSystem
 
 
 class FailOnce(FileSystem):
@@ -120,3 +123,90 @@ async def test_a_plain_cut_to_a_leftover_intents_offset_keeps_its_root_away(
         assert not os.path.exists(intent), "the cut kept a stale intent"
     async with open_host(data) as call:
         assert await ids(call) == ["u1", "a1"], "start-up replayed a stale cut intent"
+
+
+# Changes a leftover intent's replay could undo -------------------------------------
+async def revisions(call: Any, root: str = "u2") -> list[int]:
+    r = await call("session.listRevisions", sessionId="s", rootId=root, includeMessages=True)
+    return [m["messageCount"] for m in r["revisions"]]
+
+
+async def leave_intent(call: Any, fs: FailOnce, intent: str, how: str) -> None:
+    """A change of root u2's archive that finishes; only removing its intent fails."""
+    if how == "regenerate":
+        await regenerate_leaving_its_intent(call, fs, intent)
+        return
+    await call("session.create", sessionId="s")
+    for m in (msg("u1", "user"), msg("a1"), msg("u2", "user"), msg("b1")):
+        await call("session.appendMessage", sessionId="s", message=m)
+    if how == "activate":
+        await call("session.saveActiveRevision", sessionId="s")
+        await call("session.saveRevision", sessionId="s", rootId="u2", messages=[msg("c1")])
+        fs.armed = True
+        await call("session.activateRevision", sessionId="s", rootId="u2", revision=1)
+    else:
+        fs.armed = True
+        await call("session.saveActiveRevision", sessionId="s")
+    assert os.path.exists(intent)
+
+
+@pytest.mark.parametrize("how", ["regenerate", "save-active", "activate"])
+async def test_a_leftover_intent_does_not_roll_a_saved_revision_back(
+    tmp_path: Path, how: str
+) -> None:
+    data = str(tmp_path / "data")
+    fs = FailOnce("unlink", suffix=".intent.json")
+    intent = os.path.join(data, "sessions", "s.intent.json")
+    async with open_host(data, fs) as call:
+        await leave_intent(call, fs, intent, how)
+        saved = await call(
+            "session.saveRevision", sessionId="s", rootId="u2", messages=[msg("x1"), msg("x2")]
+        )
+        before = await revisions(call)
+        assert before[saved["revision"]] == 2
+    async with open_host(data) as call:
+        assert await revisions(call) == before, "start-up re-committed a stale manifest"
+
+
+class DirSyncFailsAfterIntentUnlink(PowerLossFileSystem):
+    """A power-cut model whose folder fsync right after an intent's unlink fails once."""
+
+    armed_fault = False
+    _next_dir_sync_fails = False
+
+    def unlink(self, path: str) -> bool:
+        gone = super().unlink(path)
+        if self.armed_fault and gone and path.endswith(".intent.json"):
+            self.armed_fault, self._next_dir_sync_fails = False, True
+        return gone
+
+    def fsync_dir(self, path: str) -> None:
+        if self._next_dir_sync_fails:
+            self._next_dir_sync_fails = False
+            raise OSError(errno.EIO, "injected fsync_dir")
+        super().fsync_dir(path)
+
+
+async def test_a_settled_intent_whose_unlink_was_never_synced_stays_gone(
+    tmp_path: Path,
+) -> None:
+    data = str(tmp_path / "data")
+    os.makedirs(data)
+    fs = DirSyncFailsAfterIntentUnlink(data)
+    async with open_host(data, fs) as call:
+        fs.arm()
+        await call("session.create", sessionId="s")
+        for m in (msg("u1", "user"), msg("a1"), msg("u2", "user"), msg("b1")):
+            await call("session.appendMessage", sessionId="s", message=m)
+        fs.armed_fault = True  # the regenerate succeeds; its intent's unlink is not durable
+        assert (await call("session.truncateFrom", sessionId="s", fromMessageId="b1"))[
+            "removed"
+        ] == 1
+        await call("session.appendMessage", sessionId="s", message=msg("b2"))
+        cut = await call("session.truncateFrom", sessionId="s", fromMessageId="u2")
+        assert cut["removed"] == 2
+        assert await ids(call) == ["u1", "a1"]
+    img = str(tmp_path / "img")
+    fs.image(img)  # a power cut now
+    async with open_host(img) as call:
+        assert await ids(call) == ["u1", "a1"], "a power cut brought a settled intent back"
