@@ -50,6 +50,8 @@ from host._wire import (
 
 log = logging.getLogger("host.rpc")
 Handler = Callable[[Any], Awaitable[Struct]]
+Immediate = Callable[[Any], Struct | None]
+"""A method's call done at once, in the read callback, or ``None``: take the awaited way."""
 _RAW = msgspec.json.Decoder(Raw)
 
 
@@ -98,10 +100,20 @@ def _result(rid: Any, result: Any) -> bytes:
 class Connection:
     """One client's session with the host: handshake state, calls in flight, replies."""
 
-    def __init__(self, handlers: dict[str, Handler], stats: Stats, writer: Writer) -> None:
+    def __init__(
+        self,
+        handlers: dict[str, Handler],
+        stats: Stats,
+        writer: Writer,
+        immediate: dict[str, Immediate] | None = None,
+    ) -> None:
         self.handlers = handlers
         self.stats = stats
         self.writer = writer
+        self.immediate = immediate or {}
+        self.more: Callable[[], bool] = _unknown
+        """Whether another whole line was read behind the one being fed (its reader sets
+        it); a call is done at once only when none was, so a backlog still forms groups."""
         self.handshaken = False
         self.calls: dict[Hashable, CallState] = {}
         self.tasks: set[asyncio.Future[Any]] = set()
@@ -151,6 +163,10 @@ class Connection:
         if self.handshaken and (req := _one_pass(item)) is not None and req[0] in self.handlers:
             method, params, rid = req
             note = rid is UNSET
+            now = self.immediate.get(method)
+            alone = reply and not note and not self.tasks and not self.more()
+            if now and alone and self._now(now, method, params, rid):
+                return None
             return self._call(method, params, None if note else rid, reply=reply, note=note)
         try:
             env = ENVELOPE.decode(item)  # a DecodeError (not JSON) goes up to feed()
@@ -208,6 +224,25 @@ class Connection:
         if not note:
             self.calls[_key(rid)] = call
         return task
+
+    def _now(self, now: Immediate, method: str, params: Any, rid: Any) -> bool:
+        """Do a call at once and answer it; ``False`` when it must take the awaited way.
+
+        Only with nothing of this connection in flight, so the answer goes out first in
+        line; its result is small (an append's), so it needs no 64 MiB check.
+        """
+        t0 = time.perf_counter()
+        try:
+            result = now(params)
+            if result is None:
+                return False
+            body, ok = _result(rid, result), True
+        except Exception as exc:
+            body, ok = _error(rid, to_error_object(exc, method)), False
+        self.stats.record(method, time.perf_counter() - t0, ok)
+        self._out += (body, b"\n")
+        self._flush()
+        return True
 
     def _handshake(self, p: HandshakeParams) -> HandshakeResult:
         if p.protocol_version != PROTOCOL_VERSION:
@@ -380,6 +415,10 @@ def _mismatch(got: Any) -> ProtocolMismatch:
     return ProtocolMismatch(
         f"protocol version {got!r} is not {PROTOCOL_VERSION}", expected=PROTOCOL_VERSION, got=got
     )
+
+
+def _unknown() -> bool:
+    return True  # fed by hand, not by a reader: lines may follow
 
 
 def _key(rid: Any) -> Hashable:

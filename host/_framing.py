@@ -57,6 +57,7 @@ class LineReader(asyncio.BufferedProtocol):
         self._end = 0  # how far the buffer is filled
         self._scanned = 0  # bytes before this hold no newline of the current line
         self._discarding = False  # reading through a line over the limit
+        self._more = False  # while ``on_line`` runs: another whole line follows in the buffer
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
@@ -80,7 +81,9 @@ class LineReader(asyncio.BufferedProtocol):
         """Hand on every line the ``nbytes`` just read complete."""
         self._end += nbytes
         buf = self._buf
-        while (nl := buf.find(b"\n", self._scanned, self._end)) >= 0:
+        nl = buf.find(b"\n", self._scanned, self._end)
+        while nl >= 0:
+            following = buf.find(b"\n", nl + 1, self._end)
             if self._discarding:
                 self._discarding = False
                 line: bytes | _TooLong = TOO_LONG
@@ -90,7 +93,10 @@ class LineReader(asyncio.BufferedProtocol):
                 with memoryview(buf) as view:
                     line = bytes(view[self._start : nl])
             self._start = self._scanned = nl + 1
+            self._more = following >= 0
             self.on_line(line)
+            nl = following
+        self._more = False
         if self._start == self._end:  # nothing pending: start again at the front
             self._start = self._end = self._scanned = 0
             if len(buf) > 4 * CHUNK:  # let a huge line's buffer go
@@ -100,6 +106,10 @@ class LineReader(asyncio.BufferedProtocol):
             self._start = self._end = self._scanned = 0
         else:
             self._scanned = self._end
+
+    def more(self) -> bool:
+        """Whether another whole line was read behind the one ``on_line`` is handling."""
+        return self._more
 
     def data_received(self, data: bytes) -> None:
         """Take bytes from a transport that does not read into ``get_buffer``."""

@@ -16,7 +16,7 @@ import sqlite3
 import time
 from collections.abc import AsyncIterator
 
-from host._endpoint import Handler, Stats
+from host._endpoint import Handler, Immediate, Stats
 from host._fs import FileSystem
 from host._history import HistoryMethods
 from host._index import Index, IndexBusy, busy, index_problem, set_aside_index
@@ -63,6 +63,8 @@ class Host:
             "host.stats": self.host_stats,
             "host.shutdown": self.host_shutdown,
         }
+        self.immediate: dict[str, Immediate] = {"session.appendMessage": s.append_now}
+        """Calls the endpoint may do at once, without a task (see ``append_now``)."""
 
     @classmethod
     @contextlib.asynccontextmanager

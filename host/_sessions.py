@@ -184,6 +184,28 @@ class SessionMethods:
                 self.store.locks.release(p.session_id, riders)
             return rider.answer()
 
+    def append_now(self, p: AppendParams) -> AppendResult | None:
+        """``appendMessage`` done at once, or ``None`` when it must take the awaited way.
+
+        Taken when the call finds its session open and idle (:meth:`Store.idle_session`),
+        fsyncs fast, and no checkpoint of its message to remove (that goes to a thread): it
+        is then the awaited call's group of one, with no task, no lock and no turn of the
+        loop, whose steps cost twice their time in wake-ups (docs/design.md, Append).
+        """
+        store = self.store
+        s = store.idle_session(p.session_id)
+        if s is None:
+            return None
+        msg = parse_incoming(p.message)
+        if self._holds_checkpoint(s, msg.id):
+            return None
+        a = _Append(msg, p.turn_id if isinstance(p.turn_id, str) else msg.turn_id)
+        fresh, new = self._plan(s, [a])
+        if not store.can_append_now(new):
+            return None
+        self._done([a], fresh, store.append_now(s, new))
+        return a.answer()
+
     async def _append_group(
         self, s: OpenSession, group: list[_Append], *, defer_index: bool = False
     ) -> None:
@@ -192,23 +214,9 @@ class SessionMethods:
         ``defer_index``: the call ends here, so its rows may be committed after the answer.
         """
         try:
-            stored = self.store.index.lookup_now(s.session_id, [a.msg.id for a in group])
-            fresh: list[_Append] = []
+            fresh, new = self._plan(s, group)
+            self._done(group, fresh, await self.store.append(s, new, defer_index=defer_index))
             for a in group:
-                if a.msg.id in stored:
-                    a.line, a.appended = stored[a.msg.id], False
-                else:
-                    stored[a.msg.id] = -1  # a repeat later in the same group is a replay
-                    fresh.append(a)
-            new = [NewLine.of(a.msg, a.turn_id) for a in fresh]
-            lines = await self.store.append(s, new, defer_index=defer_index)
-            for a, line in zip(fresh, lines, strict=True):
-                a.line, a.appended = line, True
-            for a in group:
-                if a.line < 0:
-                    a.line = next(b.line for b in fresh if b.msg.id == a.msg.id)
-                if not a.appended:
-                    self.store.count("appends.deduplicated")
                 await self.after_append(s, a.msg.id)
             if len(group) > 1:
                 self.store.count("appends.grouped", len(group))
@@ -219,6 +227,28 @@ class SessionMethods:
         finally:
             for a in group:
                 a.done = True
+
+    def _plan(self, s: OpenSession, group: list[_Append]) -> tuple[list[_Append], list[NewLine]]:
+        """The calls of ``group`` whose message is not stored yet, and their lines."""
+        stored = self.store.index.lookup_now(s.session_id, [a.msg.id for a in group])
+        fresh: list[_Append] = []
+        for a in group:
+            if a.msg.id in stored:
+                a.line, a.appended = stored[a.msg.id], False
+            else:
+                stored[a.msg.id] = -1  # a repeat later in the same group is a replay
+                fresh.append(a)
+        return fresh, [NewLine.of(a.msg, a.turn_id) for a in fresh]
+
+    def _done(self, group: list[_Append], fresh: list[_Append], lines: list[int]) -> None:
+        """Give each call of ``group`` its line, once ``fresh``'s are stored at ``lines``."""
+        for a, line in zip(fresh, lines, strict=True):
+            a.line, a.appended = line, True
+        for a in group:
+            if a.line < 0:
+                a.line = next(b.line for b in fresh if b.msg.id == a.msg.id)
+            if not a.appended:
+                self.store.count("appends.deduplicated")
 
     async def append_locked(
         self, s: OpenSession, msg: Message, turn_id: str | None
@@ -234,15 +264,18 @@ class SessionMethods:
 
     async def after_append(self, s: OpenSession, message_id: str) -> None:
         """Remove the session's checkpoint when it holds ``message_id`` (ADR 0153)."""
+        if self._holds_checkpoint(s, message_id):
+            await asyncio.to_thread(self.store.checkpoints.remove, s.session_id)
+
+    def _holds_checkpoint(self, s: OpenSession, message_id: str) -> bool:
         cps = self.store.checkpoints
         if s.session_id not in cps.present:
-            return
+            return False
         try:
             ids = cps.ids(s.session_id)
         except ValueError:
-            return  # a corrupt checkpoint is quarantined by its settlement, not here
-        if ids is not None and ids[1] == message_id:
-            await asyncio.to_thread(cps.remove, s.session_id)
+            return False  # a corrupt checkpoint is quarantined by its settlement, not here
+        return ids is not None and ids[1] == message_id
 
     async def update_message(self, p: UpdateParams) -> LineResult:
         msg = parse_incoming(p.message)

@@ -30,7 +30,7 @@ from host._fs import FileSystem
 from host._index import Index, Row, now_iso
 from host._intents import Intents
 from host._layout import Layout
-from host._locks import LockTable
+from host._locks import UNSTARTED, LockTable
 from host._messages import Message, pager_json, valid_line
 from host._transcript import Piece, Rewrite, Transcript
 
@@ -168,6 +168,17 @@ class Store:
         self._open[session_id] = s
         return s
 
+    def idle_session(self, session_id: str) -> OpenSession | None:
+        """The open session, when a call may write it at once without taking its lock.
+
+        That is when nobody holds or awaits its lock, no call is read but not yet started
+        (it may be bound for this session, ahead of the caller), and the index holds every
+        row answered; else ``None``: take the lock (which also opens and reconciles).
+        """
+        if UNSTARTED[0] or self.index.stale or self.locks.users(session_id):
+            return None
+        return self._open.get(session_id)
+
     def is_open(self, s: OpenSession) -> bool:
         """Whether ``s`` is still the served state (a failed undo forgets it)."""
         return self._open.get(s.session_id) is s
@@ -239,15 +250,13 @@ class Store:
         """
         if not lines:
             return []
+        if defer_index and self.can_append_now(lines):
+            return self.append_now(s, lines)
         offset = s.size
         data = b"".join(nl.data + b"\n" for nl in lines)
-        rows = []
-        pos = offset
-        for i, nl in enumerate(lines):
-            rows.append(nl.row(s.line_count + i, pos))
-            pos += len(nl.data) + 1
+        big = len(data) > BIG_WRITE
+        rows, pos = self._rows(s, lines)
         try:
-            big = len(data) > BIG_WRITE
             if big:
                 await asyncio.to_thread(s.transcript.write, data)
             else:
@@ -267,6 +276,49 @@ class Store:
         s.line_count = count
         self.count("appends", len(lines))
         return [r.line for r in rows]
+
+    def can_append_now(self, lines: Sequence[NewLine]) -> bool:
+        """Whether :meth:`append_now` may write ``lines``: under :data:`BIG_WRITE` while
+        fsyncs are fast (:class:`FsyncPolicy`)."""
+        return self.fsyncs.inline and sum(len(nl.data) + 1 for nl in lines) <= BIG_WRITE
+
+    def append_now(self, s: OpenSession, lines: Sequence[NewLine]) -> list[int]:
+        """:meth:`append` with its rows deferred, done at once: no await, no thread.
+
+        Only where :meth:`can_append_now`: the write goes to the page cache and the fsync
+        runs on the loop, as the awaited path does then too, so a caller can finish a whole
+        call without a task.
+        """
+        if not lines:
+            return []
+        offset = s.size
+        data = b"".join(nl.data + b"\n" for nl in lines)
+        rows, pos = self._rows(s, lines)
+        try:
+            s.transcript.write(data)
+            stamp = s.transcript.stamp()
+            with self.fsyncs.timed():
+                s.transcript.sync()
+        except BaseException:
+            self._cut_back(s, offset)
+            raise
+        self.count("fsyncs")
+        count = s.line_count + len(lines)
+        self.index.queue_append(s.session_id, rows, stamp, count)
+        s.size = pos
+        s.line_count = count
+        self.count("appends", len(lines))
+        return [r.line for r in rows]
+
+    @staticmethod
+    def _rows(s: OpenSession, lines: Sequence[NewLine]) -> tuple[list[Row], int]:
+        """The index rows of ``lines`` appended to ``s``, and the file's size after them."""
+        rows = []
+        pos = s.size
+        for i, nl in enumerate(lines):
+            rows.append(nl.row(s.line_count + i, pos))
+            pos += len(nl.data) + 1
+        return rows, pos
 
     def _cut_back(self, s: OpenSession, size: int) -> None:
         try:

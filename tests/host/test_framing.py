@@ -172,3 +172,15 @@ def _write_and_close(fd: int, data: bytes) -> None:
 def _send_and_shut(sock: socket.socket, data: bytes) -> None:
     sock.sendall(data)
     sock.shutdown(socket.SHUT_WR)
+
+
+def test_more_tells_whether_another_whole_line_was_read_behind() -> None:
+    # The endpoint does a call at once only when no line follows it in the same read, so
+    # that the lines of a backlog still queue together and share one fsync.
+    seen: list[tuple[bytes, bool]] = []
+    reader = LineReader(lambda line: seen.append((line, reader.more())))  # type: ignore[arg-type]
+    _read_into(reader, b"a\nb\nc\nd")
+    assert seen == [(b"a", True), (b"b", True), (b"c", False)]
+    _read_into(reader, b"\n")
+    assert seen[-1] == (b"d", False)
+    assert not reader.more()

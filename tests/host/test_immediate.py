@@ -1,0 +1,142 @@
+"""An append that arrives alone is done at once, in the read callback, with no task.
+
+The endpoint in-process, a real Host on real files, a fake writer at the transport edge;
+``conn.more`` stands for the reader saying whether another line was read behind.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from host import Host
+from host._endpoint import Connection
+from host._wire import DECODERS
+from tests.host.inproc import FaultyFileSystem
+from tests.host.test_endpoint import FakeWriter, line
+
+
+async def _open(tmp_path: Path, fs: Any = None) -> tuple[Any, Host]:
+    cm = Host.open(str(tmp_path / "data"), fs)
+    return cm, await cm.__aenter__()
+
+
+def _connect(host: Host, *, more: bool) -> tuple[Connection, FakeWriter]:
+    writer = FakeWriter()
+    conn = Connection(host.handlers, host.stats, writer, host.immediate)
+    conn.more = lambda: more
+    return conn, writer
+
+
+def _append(mid: str, rid: Any) -> bytes:
+    message = {"id": mid, "role": "user", "content": "x"}
+    return line("session.appendMessage", {"sessionId": "s", "message": message}, rid)
+
+
+async def _session(conn: Connection, writer: FakeWriter, first: str | None = None) -> None:
+    """Create session ``s``; ``first``: append that message the awaited way, which opens it."""
+    conn.feed(line("handshake", {"protocolVersion": 11}, 0))
+    conn.feed(line("session.create", {"sessionId": "s"}, "create"))
+    await conn.finish()
+    assert writer.replies()["create"]["result"]["created"] is True
+    if first is not None:
+        conn.feed(_append(first, "first"))
+        assert "first" not in writer.replies()  # a session not open yet needs an await
+        await conn.finish()
+        assert writer.replies()["first"]["result"]["appended"] is True
+
+
+def _stored(tmp_path: Path) -> list[str]:
+    raw = (tmp_path / "data" / "sessions" / "s.jsonl").read_bytes()
+    return [json.loads(x)["id"] for x in raw.split(b"\n")[:-1]]
+
+
+async def _ids_after_restart(tmp_path: Path) -> list[str]:
+    async with Host.open(str(tmp_path / "data")) as host:
+        got = await host.handlers["session.get"](
+            DECODERS["session.get"].decode(b'{"sessionId": "s"}')
+        )
+        return [json.loads(bytes(m))["id"] for m in got.messages]
+
+
+async def test_a_lone_append_is_stored_and_answered_before_feed_returns(tmp_path: Path) -> None:
+    cm, host = await _open(tmp_path)
+    try:
+        conn, writer = _connect(host, more=False)
+        await _session(conn, writer, first="m0")
+        conn.feed(_append("m1", 1))
+        assert writer.replies()[1]["result"] == {"line": 1, "appended": True}
+        assert _stored(tmp_path) == ["m0", "m1"]
+        assert not conn.tasks
+        conn.feed(_append("m1", 2))  # delivered again: at least once in, once stored
+        assert writer.replies()[2]["result"] == {"line": 1, "appended": False}
+        assert _stored(tmp_path) == ["m0", "m1"]
+        await conn.finish()
+    finally:
+        await cm.__aexit__(None, None, None)
+    assert await _ids_after_restart(tmp_path) == ["m0", "m1"]
+
+
+async def test_a_line_read_behind_it_keeps_the_append_for_a_group(tmp_path: Path) -> None:
+    cm, host = await _open(tmp_path)
+    try:
+        conn, writer = _connect(host, more=False)
+        await _session(conn, writer, first="m0")
+        conn.more = lambda: True
+        conn.feed(_append("m1", 1))
+        assert 1 not in writer.replies()  # a task of its own, which the next lines may join
+        await conn.finish()
+        assert writer.replies()[1]["result"] == {"line": 1, "appended": True}
+    finally:
+        await cm.__aexit__(None, None, None)
+
+
+async def test_a_failed_fsync_of_a_lone_append_changes_nothing(tmp_path: Path) -> None:
+    fs = FaultyFileSystem(2, errno.EIO)  # its write, then its fsync
+    cm, host = await _open(tmp_path, fs)
+    try:
+        conn, writer = _connect(host, more=False)
+        await _session(conn, writer, first="m0")
+        fs.armed = True
+        conn.feed(_append("m1", 1))
+        assert writer.replies()[1]["error"]["data"]["code"] == "STORAGE_ERROR"
+        assert fs.failed == 1
+        assert _stored(tmp_path) == ["m0"]  # the unsynced line was cut back
+        conn.feed(_append("m2", 2))
+        await conn.finish()
+        assert writer.replies()[2]["result"] == {"line": 1, "appended": True}
+    finally:
+        await cm.__aexit__(None, None, None)
+    assert await _ids_after_restart(tmp_path) == ["m0", "m2"]
+
+
+async def test_appending_the_checkpointed_message_still_removes_the_checkpoint(
+    tmp_path: Path,
+) -> None:
+    cm, host = await _open(tmp_path)
+    checkpoint = tmp_path / "data" / "sessions" / "s.inflight.json"
+    try:
+        conn, writer = _connect(host, more=False)
+        await _session(conn, writer)
+        streaming = {"id": "a1", "role": "assistant", "content": "partial"}
+        conn.feed(
+            line(
+                "session.saveInflightMessage",
+                {"sessionId": "s", "turnId": "t1", "message": streaming},
+                "save",
+            )
+        )
+        await conn.finish()
+        assert writer.replies()["save"]["result"] == {"saved": True}
+        assert checkpoint.exists()
+        final = {"id": "a1", "role": "assistant", "content": "the whole reply"}
+        conn.feed(line("session.appendMessage", {"sessionId": "s", "message": final}, 1))
+        await conn.finish()
+        assert writer.replies()[1]["result"] == {"line": 0, "appended": True}
+        assert not checkpoint.exists()
+        assert not os.path.exists(str(checkpoint) + ".spare")
+    finally:
+        await cm.__aexit__(None, None, None)
