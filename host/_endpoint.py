@@ -239,9 +239,9 @@ class Connection:
             body, ok = _result(rid, result), True
         except Exception as exc:
             body, ok = _error(rid, to_error_object(exc, method)), False
-        self.stats.record(method, time.perf_counter() - t0, ok)
         self._out += (body, b"\n")
         self._flush()
+        self.stats.record(method, time.perf_counter() - t0, ok)  # after: the client waits
         return True
 
     def _handshake(self, p: HandshakeParams) -> HandshakeResult:

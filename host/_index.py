@@ -422,13 +422,23 @@ class Index:
 
     def lookup_now(self, session_id: str, message_ids: Sequence[str]) -> dict[str, int]:
         """Return ``{message_id: line}`` of those stored, queued rows included; no await."""
-        fresh = self._fresh.get(session_id)
-        found = {m: fresh[m] for m in message_ids if m in fresh} if fresh else {}
-        rest = [m for m in dict.fromkeys(message_ids) if m not in found]
-        known = self._known_ids(session_id) if rest else None
-        if known is not None:
-            found.update((m, known[m]) for m in rest if m in known)
+        fresh = self._fresh.get(session_id) or {}
+        found: dict[str, int] = {}
+        unseen: dict[str, None] = {}  # in order, once each
+        for m in message_ids:  # one loop, no comprehension: one append at a time is hot
+            if m in fresh:
+                found[m] = fresh[m]
+            else:
+                unseen[m] = None
+        if not unseen:
             return found
+        known = self._known_ids(session_id)
+        if known is not None:
+            for m in unseen:
+                if m in known:
+                    found[m] = known[m]
+            return found
+        rest = list(unseen)
         assert self._reader is not None
         for i in range(0, len(rest), 500):
             part = rest[i : i + 500]
