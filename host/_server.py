@@ -109,19 +109,34 @@ async def serve_connection(host: Host, lines: LineReader, conn: Connection, writ
 
 
 class _FileWriter:
-    """Replies to a stdout the loop does not watch (a file, a device, a terminal)."""
+    """Replies to a stdout the loop does not watch (a file, a device, a terminal).
+
+    What is written goes out by itself, in a thread, one write at a time: an answer done
+    at once (no task) is never drained, and two drains never write to the file together.
+    """
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.buf: list[bytes] = []
+        self._writing: asyncio.Task[None] | None = None
 
     def write(self, data: bytes) -> None:
         self.buf.append(data)
+        if self._writing is None:
+            self._writing = asyncio.get_running_loop().create_task(self._write_out())
+
+    async def _write_out(self) -> None:
+        try:
+            while self.buf:
+                data, self.buf = b"".join(self.buf), []
+                await asyncio.to_thread(_write_all, self.fd, data)
+        finally:
+            self._writing = None
 
     async def drain(self) -> None:
-        data, self.buf = b"".join(self.buf), []
-        if data:
-            await asyncio.to_thread(_write_all, self.fd, data)
+        """Wait until everything written so far is out."""
+        while self._writing is not None:
+            await asyncio.shield(self._writing)
 
     def queued(self) -> int:
         return sum(map(len, self.buf))

@@ -219,3 +219,34 @@ async def test_a_terminal_is_left_as_it_was_found(tmp_path: Path, loop: str) -> 
     finally:
         os.close(master)
         os.close(terminal)
+
+
+# Found at b5a8abe: an append done at once (no task, no drain) left its answer in the
+# terminal writer's buffer, which only a drain wrote out: the client waited for ever.
+@pytest.mark.parametrize("loop", LOOPS)
+async def test_an_append_done_at_once_is_answered_on_a_terminal(tmp_path: Path, loop: str) -> None:
+    master, terminal = pty.openpty()
+    try:
+        proc = await spawn(tmp_path / "data", terminal, terminal, loop)
+        try:
+            steps = [
+                (_line(1, "handshake", protocolVersion=11), b'"id":1,"result"'),
+                (_line(2, "session.create", sessionId="s"), b'"id":2,"result"'),
+                # the first append opens the session (the awaited way), the second is alone
+                (_line(3, "session.appendMessage", sessionId="s", message=msg("m0")), b'"id":3,'),
+                (_line(4, "session.appendMessage", sessionId="s", message=msg("m1")), b'"id":4,'),
+            ]
+            async with asyncio.timeout(WAIT):
+                for request, answer in steps:
+                    os.write(master, request + b"\n")
+                    got = await asyncio.to_thread(_read_until, master, answer)
+                    assert b'"appended":true' in got or b"appendMessage" not in request
+                os.write(master, b"\x04")  # ^D on an empty line: end of input
+            assert await exit_code(proc) == 0
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    finally:
+        os.close(master)
+        os.close(terminal)

@@ -16,6 +16,7 @@ from host import Host
 from host._endpoint import Connection
 from host._wire import DECODERS
 from tests.host.inproc import FaultyFileSystem
+from tests.host.test_deferred_index import FailingCommits
 from tests.host.test_endpoint import FakeWriter, line
 
 
@@ -140,3 +141,28 @@ async def test_appending_the_checkpointed_message_still_removes_the_checkpoint(
         assert not os.path.exists(str(checkpoint) + ".spare")
     finally:
         await cm.__aexit__(None, None, None)
+
+
+async def test_a_session_whose_rows_failed_to_commit_is_reconciled_first(tmp_path: Path) -> None:
+    fs = FailingCommits()
+    cm, host = await _open(tmp_path, fs)
+    try:
+        conn, writer = _connect(host, more=False)
+        await _session(conn, writer, first="m0")
+        conn.feed(_append("m1", 1))  # done at once; its row waits in the queue
+        assert writer.replies()[1]["result"] == {"line": 1, "appended": True}
+        fs.fail = 1
+        conn.feed(line("session.get", {"sessionId": "s"}, "get"))  # waits for the batch: fails
+        await conn.finish()
+        assert writer.replies()["get"]["error"]["data"]["code"] == "STORAGE_ERROR"
+        assert fs.failed == 1
+        conn.feed(_append("m1", 2))  # a replay: s must be rebuilt from its file first
+        assert 2 not in writer.replies()
+        await conn.finish()
+        assert writer.replies()[2]["result"] == {"line": 1, "appended": False}
+        conn.feed(_append("m2", 3))  # rebuilt: at once again
+        assert writer.replies()[3]["result"] == {"line": 2, "appended": True}
+        await conn.finish()
+    finally:
+        await cm.__aexit__(None, None, None)
+    assert await _ids_after_restart(tmp_path) == ["m0", "m1", "m2"]
