@@ -81,7 +81,7 @@ class Intents:
         self.left.discard(session_id)
 
     def settle(self, session_id: str) -> None:
-        """Remove a finished change's leftover intent before the transcript is rewritten.
+        """Remove a finished change's leftover intent before a write its replay would undo.
 
         A start replays an intent's steps over whatever it finds, so every write that a
         replay would undo waits for this:

@@ -110,14 +110,17 @@ class FsyncPolicy:
         """fsync ``transcript`` on the calling thread, and count it (no generator frame)."""
         t0 = time.perf_counter()
         transcript.sync()
-        self.average += (time.perf_counter() - t0 - self.average) / 8
+        self._note(time.perf_counter() - t0)
 
     @contextlib.contextmanager
     def timed(self) -> Iterator[None]:
         """Count the durable write in the block (a group's fsync, a checkpoint's replace)."""
         t0 = time.perf_counter()
         yield
-        self.average += (time.perf_counter() - t0 - self.average) / 8
+        self._note(time.perf_counter() - t0)
+
+    def _note(self, seconds: float) -> None:
+        self.average += (seconds - self.average) / 8
 
 
 class Store:

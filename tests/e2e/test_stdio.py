@@ -197,56 +197,50 @@ def _read_until(fd: int, text: bytes) -> bytes:
     return out
 
 
-# Found at afd55dc: the host left its terminal non-blocking, so the next program run in
-# that shell failed with EAGAIN.
-@pytest.mark.parametrize("loop", LOOPS)
-async def test_a_terminal_is_left_as_it_was_found(tmp_path: Path, loop: str) -> None:
+async def _over_a_terminal(data: Path, loop: str, steps: list[tuple[bytes, bytes]]) -> bool:
+    """Serve on one terminal as stdin and stdout: send each request, read until its
+    answer's ``text``, then end input with ^D. Whether the terminal is blocking after."""
     master, terminal = pty.openpty()
     try:
         assert os.get_blocking(terminal)
-        proc = await spawn(tmp_path / "data", terminal, terminal, loop)
+        proc = await spawn(data, terminal, terminal, loop)
         try:
             async with asyncio.timeout(WAIT):
-                os.write(master, _line(1, "handshake", protocolVersion=11) + b"\n")
-                await asyncio.to_thread(_read_until, master, b'"protocolVersion":11,')
+                for request, text in steps:
+                    os.write(master, request + b"\n")
+                    await asyncio.to_thread(_read_until, master, text)
                 os.write(master, b"\x04")  # ^D on an empty line: end of input
             assert await exit_code(proc) == 0
         finally:
             if proc.returncode is None:
                 proc.kill()
                 await proc.wait()
-        assert os.get_blocking(terminal)
+        return os.get_blocking(terminal)
     finally:
         os.close(master)
         os.close(terminal)
+
+
+# Found at afd55dc: the host left its terminal non-blocking, so the next program run in
+# that shell failed with EAGAIN.
+@pytest.mark.parametrize("loop", LOOPS)
+async def test_a_terminal_is_left_as_it_was_found(tmp_path: Path, loop: str) -> None:
+    handshake = _line(1, "handshake", protocolVersion=11)
+    assert await _over_a_terminal(tmp_path / "data", loop, [(handshake, b'"protocolVersion":11,')])
 
 
 # Found at b5a8abe: an append done at once (no task, no drain) left its answer in the
 # terminal writer's buffer, which only a drain wrote out: the client waited for ever.
 @pytest.mark.parametrize("loop", LOOPS)
 async def test_an_append_done_at_once_is_answered_on_a_terminal(tmp_path: Path, loop: str) -> None:
-    master, terminal = pty.openpty()
-    try:
-        proc = await spawn(tmp_path / "data", terminal, terminal, loop)
-        try:
-            steps = [
-                (_line(1, "handshake", protocolVersion=11), b'"id":1,"result"'),
-                (_line(2, "session.create", sessionId="s"), b'"id":2,"result"'),
-                # the first append opens the session (the awaited way), the second is alone
-                (_line(3, "session.appendMessage", sessionId="s", message=msg("m0")), b'"id":3,'),
-                (_line(4, "session.appendMessage", sessionId="s", message=msg("m1")), b'"id":4,'),
-            ]
-            async with asyncio.timeout(WAIT):
-                for request, answer in steps:
-                    os.write(master, request + b"\n")
-                    got = await asyncio.to_thread(_read_until, master, answer)
-                    assert b'"appended":true' in got or b"appendMessage" not in request
-                os.write(master, b"\x04")  # ^D on an empty line: end of input
-            assert await exit_code(proc) == 0
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
-    finally:
-        os.close(master)
-        os.close(terminal)
+    def append(rid: int, mid: str) -> bytes:
+        return _line(rid, "session.appendMessage", sessionId="s", message=msg(mid))
+
+    steps = [
+        (_line(1, "handshake", protocolVersion=11), b'"id":1,"result"'),
+        (_line(2, "session.create", sessionId="s"), b'"id":2,"result"'),
+        # the first append opens the session (the awaited way), the second is alone
+        (append(3, "m0"), b'"id":3,"result":{"line":0,"appended":true}'),
+        (append(4, "m1"), b'"id":4,"result":{"line":1,"appended":true}'),
+    ]
+    await _over_a_terminal(tmp_path / "data", loop, steps)

@@ -47,6 +47,16 @@ async def ids(call: Any, sid: str = "s") -> list[str]:
     return [m["id"] for m in (await call("session.get", sessionId=sid))["messages"]]
 
 
+def leftover_setup(tmp_path: Path) -> tuple[str, FailOnce, str]:
+    """The data dir, a file system whose intent unlink fails once armed, and that intent."""
+    data = str(tmp_path / "data")
+    return (
+        data,
+        FailOnce("unlink", suffix=".intent.json"),
+        os.path.join(data, "sessions", "s.intent.json"),
+    )
+
+
 async def regenerate_leaving_its_intent(call: Any, fs: FailOnce, intent: str) -> None:
     """A regenerate of b1 that succeeds; only removing its intent fails."""
     await call("session.create", sessionId="s")
@@ -59,9 +69,7 @@ async def regenerate_leaving_its_intent(call: Any, fs: FailOnce, intent: str) ->
 
 
 async def test_a_leftover_intent_does_not_bring_a_deleted_message_back(tmp_path: Path) -> None:
-    data = str(tmp_path / "data")
-    fs = FailOnce("unlink", suffix=".intent.json")
-    intent = os.path.join(data, "sessions", "s.intent.json")
+    data, fs, intent = leftover_setup(tmp_path)
     async with open_host(data, fs) as call:
         await regenerate_leaving_its_intent(call, fs, intent)
         # the user deletes the unanswered prompt (the file is now exactly the cut) and quits
@@ -75,9 +83,7 @@ async def test_a_leftover_intent_does_not_bring_a_deleted_message_back(tmp_path:
 async def test_a_rewrite_that_cannot_remove_a_leftover_intent_changes_nothing(
     tmp_path: Path,
 ) -> None:
-    data = str(tmp_path / "data")
-    fs = FailOnce("unlink", suffix=".intent.json")
-    intent = os.path.join(data, "sessions", "s.intent.json")
+    data, fs, intent = leftover_setup(tmp_path)
     async with open_host(data, fs) as call:
         await regenerate_leaving_its_intent(call, fs, intent)
         fs.armed = True
@@ -93,9 +99,7 @@ async def test_a_rewrite_that_cannot_remove_a_leftover_intent_changes_nothing(
 async def test_a_deleted_sessions_intent_never_reaches_a_new_one_of_its_id(
     tmp_path: Path,
 ) -> None:
-    data = str(tmp_path / "data")
-    fs = FailOnce("unlink", suffix=".intent.json")
-    intent = os.path.join(data, "sessions", "s.intent.json")
+    data, fs, intent = leftover_setup(tmp_path)
     async with open_host(data, fs) as call:
         await regenerate_leaving_its_intent(call, fs, intent)
         fs.armed = True  # deleted all the same; its intent stays behind
@@ -111,9 +115,7 @@ async def test_a_deleted_sessions_intent_never_reaches_a_new_one_of_its_id(
 async def test_a_plain_cut_to_a_leftover_intents_offset_keeps_its_root_away(
     tmp_path: Path,
 ) -> None:
-    data = str(tmp_path / "data")
-    fs = FailOnce("unlink", suffix=".intent.json")
-    intent = os.path.join(data, "sessions", "s.intent.json")
+    data, fs, intent = leftover_setup(tmp_path)
     async with open_host(data, fs) as call:
         await regenerate_leaving_its_intent(call, fs, intent)
         await call("session.appendMessage", sessionId="s", message=msg("b2"))
@@ -154,9 +156,7 @@ async def leave_intent(call: Any, fs: FailOnce, intent: str, how: str) -> None:
 async def test_a_leftover_intent_does_not_roll_a_saved_revision_back(
     tmp_path: Path, how: str
 ) -> None:
-    data = str(tmp_path / "data")
-    fs = FailOnce("unlink", suffix=".intent.json")
-    intent = os.path.join(data, "sessions", "s.intent.json")
+    data, fs, intent = leftover_setup(tmp_path)
     async with open_host(data, fs) as call:
         await leave_intent(call, fs, intent, how)
         saved = await call(
