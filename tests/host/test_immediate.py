@@ -20,11 +20,6 @@ from tests.host.test_deferred_index import FailingCommits
 from tests.host.test_endpoint import FakeWriter, line
 
 
-async def _open(tmp_path: Path, fs: Any = None) -> tuple[Any, Host]:
-    cm = Host.open(str(tmp_path / "data"), fs)
-    return cm, await cm.__aenter__()
-
-
 def _connect(host: Host, *, more: bool) -> tuple[Connection, FakeWriter]:
     writer = FakeWriter()
     conn = Connection(host.handlers, host.stats, writer, host.immediate)
@@ -64,8 +59,7 @@ async def _ids_after_restart(tmp_path: Path) -> list[str]:
 
 
 async def test_a_lone_append_is_stored_and_answered_before_feed_returns(tmp_path: Path) -> None:
-    cm, host = await _open(tmp_path)
-    try:
+    async with Host.open(str(tmp_path / "data")) as host:
         conn, writer = _connect(host, more=False)
         await _session(conn, writer, first="m0")
         conn.feed(_append("m1", 1))
@@ -76,14 +70,11 @@ async def test_a_lone_append_is_stored_and_answered_before_feed_returns(tmp_path
         assert writer.replies()[2]["result"] == {"line": 1, "appended": False}
         assert _stored(tmp_path) == ["m0", "m1"]
         await conn.finish()
-    finally:
-        await cm.__aexit__(None, None, None)
     assert await _ids_after_restart(tmp_path) == ["m0", "m1"]
 
 
 async def test_a_line_read_behind_it_keeps_the_append_for_a_group(tmp_path: Path) -> None:
-    cm, host = await _open(tmp_path)
-    try:
+    async with Host.open(str(tmp_path / "data")) as host:
         conn, writer = _connect(host, more=False)
         await _session(conn, writer, first="m0")
         conn.more = lambda: True
@@ -91,14 +82,11 @@ async def test_a_line_read_behind_it_keeps_the_append_for_a_group(tmp_path: Path
         assert 1 not in writer.replies()  # a task of its own, which the next lines may join
         await conn.finish()
         assert writer.replies()[1]["result"] == {"line": 1, "appended": True}
-    finally:
-        await cm.__aexit__(None, None, None)
 
 
 async def test_a_failed_fsync_of_a_lone_append_changes_nothing(tmp_path: Path) -> None:
     fs = FaultyFileSystem(2, errno.EIO)  # its write, then its fsync
-    cm, host = await _open(tmp_path, fs)
-    try:
+    async with Host.open(str(tmp_path / "data"), fs) as host:
         conn, writer = _connect(host, more=False)
         await _session(conn, writer, first="m0")
         fs.armed = True
@@ -109,19 +97,16 @@ async def test_a_failed_fsync_of_a_lone_append_changes_nothing(tmp_path: Path) -
         conn.feed(_append("m2", 2))
         await conn.finish()
         assert writer.replies()[2]["result"] == {"line": 1, "appended": True}
-    finally:
-        await cm.__aexit__(None, None, None)
     assert await _ids_after_restart(tmp_path) == ["m0", "m2"]
 
 
 async def test_appending_the_checkpointed_message_still_removes_the_checkpoint(
     tmp_path: Path,
 ) -> None:
-    cm, host = await _open(tmp_path)
     checkpoint = tmp_path / "data" / "sessions" / "s.inflight.json"
-    try:
+    async with Host.open(str(tmp_path / "data")) as host:
         conn, writer = _connect(host, more=False)
-        await _session(conn, writer)
+        await _session(conn, writer, first="u1")  # open: the append could be done at once
         streaming = {"id": "a1", "role": "assistant", "content": "partial"}
         conn.feed(
             line(
@@ -136,17 +121,14 @@ async def test_appending_the_checkpointed_message_still_removes_the_checkpoint(
         final = {"id": "a1", "role": "assistant", "content": "the whole reply"}
         conn.feed(line("session.appendMessage", {"sessionId": "s", "message": final}, 1))
         await conn.finish()
-        assert writer.replies()[1]["result"] == {"line": 0, "appended": True}
+        assert writer.replies()[1]["result"] == {"line": 1, "appended": True}
         assert not checkpoint.exists()
         assert not os.path.exists(str(checkpoint) + ".spare")
-    finally:
-        await cm.__aexit__(None, None, None)
 
 
 async def test_a_session_whose_rows_failed_to_commit_is_reconciled_first(tmp_path: Path) -> None:
     fs = FailingCommits()
-    cm, host = await _open(tmp_path, fs)
-    try:
+    async with Host.open(str(tmp_path / "data"), fs) as host:
         conn, writer = _connect(host, more=False)
         await _session(conn, writer, first="m0")
         conn.feed(_append("m1", 1))  # done at once; its row waits in the queue
@@ -163,6 +145,4 @@ async def test_a_session_whose_rows_failed_to_commit_is_reconciled_first(tmp_pat
         conn.feed(_append("m2", 3))  # rebuilt: at once again
         assert writer.replies()[3]["result"] == {"line": 2, "appended": True}
         await conn.finish()
-    finally:
-        await cm.__aexit__(None, None, None)
     assert await _ids_after_restart(tmp_path) == ["m0", "m1", "m2"]
