@@ -282,10 +282,7 @@ class Store:
             raise
         if defer_index:
             self.index.queue_append(s.session_id, rows, stamp, count)
-        s.size = pos
-        s.line_count = count
-        self.count("appends", len(lines))
-        return [r.line for r in rows]
+        return self._appended(s, rows, pos)
 
     def can_append_now(self, lines: Sequence[NewLine]) -> bool:
         """Whether :meth:`append_now` may write ``lines``: under :data:`BIG_WRITE` while
@@ -312,11 +309,14 @@ class Store:
             self._cut_back(s, offset)
             raise
         self.count("fsyncs")
-        count = s.line_count + len(lines)
-        self.index.queue_append(s.session_id, rows, stamp, count)
-        s.size = pos
-        s.line_count = count
-        self.count("appends", len(lines))
+        self.index.queue_append(s.session_id, rows, stamp, s.line_count + len(rows))
+        return self._appended(s, rows, pos)
+
+    def _appended(self, s: OpenSession, rows: list[Row], size: int) -> list[int]:
+        """Count ``rows`` as stored in ``s``, now ``size`` bytes; return their line numbers."""
+        s.size = size
+        s.line_count += len(rows)
+        self.count("appends", len(rows))
         return [r.line for r in rows]
 
     @staticmethod
