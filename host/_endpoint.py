@@ -53,6 +53,10 @@ Handler = Callable[[Any], Awaitable[Struct]]
 Immediate = Callable[[Any], Struct | None]
 """A method's call done at once, in the read callback, or ``None``: take the awaited way."""
 _RAW = msgspec.json.Decoder(Raw)
+SPLIT_MIN = 1 << 16
+"""A request line longer than this may have its message split off (:func:`_split`)."""
+_SPLIT_KEY = b'"message":'
+_SPLIT_HEAD = 4096  # the bytes ``"message":`` is looked for in: the ids' room, never a body
 
 
 class Writer(Protocol):
@@ -106,11 +110,14 @@ class Connection:
         stats: Stats,
         writer: Writer,
         immediate: dict[str, Immediate] | None = None,
+        split: frozenset[str] = frozenset(),
     ) -> None:
         self.handlers = handlers
         self.stats = stats
         self.writer = writer
         self.immediate = immediate or {}
+        self.split = split
+        """Methods whose handler proves its ``message`` JSON itself (see :func:`_split`)."""
         self.more: Callable[[], bool] = _unknown
         """Whether another whole line was read behind the one being fed (its reader sets
         it); a call is done at once only when none was, so a backlog still forms groups."""
@@ -157,9 +164,17 @@ class Connection:
                 err = InvalidRequest("a request must be a JSON object or a batch array")
                 self._spawn_send(_error(None, err.to_object()))
         except (msgspec.DecodeError, RecursionError) as exc:  # not JSON, or nested too deep
-            self._spawn_send(_error(None, ParseError(f"parse error: {exc}").to_object()))
+            self._spawn_send(_parse_error(exc))
 
     def _start(self, item: bytes, *, reply: bool) -> bytes | asyncio.Task[bytes | None] | None:
+        if (
+            reply  # a batch's items were scanned whole already
+            and self.handshaken
+            and len(item) > SPLIT_MIN
+            and (req := _split(item)) is not None
+            and req[0] in self.split
+        ):
+            return self._call(*req, reply=True, note=False, line=item)
         if self.handshaken and (req := _one_pass(item)) is not None and req[0] in self.handlers:
             method, params, rid = req
             note = rid is UNSET
@@ -210,12 +225,22 @@ class Connection:
         return self._call(method, params, rid, reply=reply, note=note)
 
     def _call(
-        self, method: str, params: Any, rid: Any, *, reply: bool, note: bool
+        self,
+        method: str,
+        params: Any,
+        rid: Any,
+        *,
+        reply: bool,
+        note: bool,
+        line: bytes | None = None,
     ) -> asyncio.Task[bytes | None]:
-        """Start the task that runs a decoded call of a known method."""
+        """Start the task that runs a decoded call of a known method.
+
+        ``line``: the request's line, when its message was split off (:func:`_split`).
+        """
         call = CallState(method)
         task = asyncio.get_running_loop().create_task(
-            self._run(call, self.handlers[method], params, rid, note, reply)
+            self._run(call, self.handlers[method], params, rid, note, reply, line)
         )
         call.task = task
         call.created()
@@ -270,14 +295,21 @@ class Connection:
     # -- calls ----------------------------------------------------------------------
 
     async def _run(
-        self, call: CallState, handler: Handler, params: Any, rid: Any, note: bool, reply: bool
+        self,
+        call: CallState,
+        handler: Handler,
+        params: Any,
+        rid: Any,
+        note: bool,
+        reply: bool,
+        line: bytes | None,
     ) -> bytes | None:
         """Run one call; send its answer when ``reply`` (else a batch collects it)."""
         CURRENT_CALL.set(call)
         call.ran()
         call.running = True
         t0 = time.perf_counter()
-        ok = False
+        ok: bool | None = False
         try:
             if call.cancel_requested:
                 raise asyncio.CancelledError("$/cancelRequest")
@@ -296,15 +328,35 @@ class Connection:
                 task.uncancel()
             body = _error(rid, RequestCancelled("cancelled before it started").to_object())
         except Exception as exc:
-            body = _error(rid, to_error_object(exc, call.method))
+            if line is not None and isinstance(exc, ParseError):  # the split message's
+                ok = None  # not this call's answer: the line's, which counts itself
+                body = await self._whole(line)
+            else:
+                body = _error(rid, to_error_object(exc, call.method))
         finally:
-            self.stats.record(call.method, time.perf_counter() - t0, ok)
+            if ok is not None:
+                self.stats.record(call.method, time.perf_counter() - t0, ok)
             if not note and self.calls.get(_key(rid)) is call:
                 del self.calls[_key(rid)]
         if note:
             return None
         if reply:
             await self.send(body)
+        return body
+
+    async def _whole(self, line: bytes) -> bytes:
+        """The answer to a split request whose message proved not to be one JSON value.
+
+        It is the whole line's, decided as if it had never been split: a parse error, an
+        invalid request or params, or (a key repeated after the message) the call the line
+        really is, run now.
+        """
+        try:
+            part = self._start(line, reply=False)
+        except (msgspec.DecodeError, RecursionError) as exc:
+            return _parse_error(exc)
+        body = await part if isinstance(part, asyncio.Task) else part
+        assert body is not None  # a split request has an id
         return body
 
     async def _finish_batch(self, parts: list[bytes | asyncio.Task[bytes | None] | None]) -> None:
@@ -399,6 +451,43 @@ def _one_pass(item: bytes) -> tuple[str, Struct, Any] | None:
     if req.jsonrpc != "2.0" or req.params is UNSET:
         return None
     return REQUEST_TYPES[type(req)], req.params, req.id
+
+
+def _split(item: bytes) -> tuple[str, Struct, Any] | None:
+    """``(method, params, id)`` of a big request decoded but for its ``message``, else ``None``.
+
+    The line must end with that message, an object, and the braces that close the params
+    and the request, with no space between (the bytes are then the ones the message's
+    ``Raw`` would hold, no more). The rest of it, with
+    ``null`` in the message's place, is decoded as usual; the message becomes a ``Raw``
+    view of its bytes, not yet proved JSON: the handler proves it (``incoming_head``, which
+    raises ``ParseError`` when it is not one JSON value) on a thread while it writes it, so
+    a 1 MB snapshot is scanned once, beside its write, instead of once before it.
+
+    Exact: the head holds no backslash and ``"message"`` just once, so whatever a decoder
+    does with a repeated or escaped key, the key found is the params' only ``message``,
+    and ``null`` decoding there proves it is one. The line is then this request exactly
+    when the bytes are one JSON value; when they are not, it is decided whole
+    (:meth:`Connection._whole`), as if never split.
+    """
+    if not item.endswith(b"}}}"):
+        return None
+    at = item.find(_SPLIT_KEY, 0, _SPLIT_HEAD)
+    start = at + len(_SPLIT_KEY)
+    if at < 0 or item[start : start + 1] != b"{":
+        return None
+    head = item[:start]
+    if b"\\" in head or head.count(b'"message"') != 1:
+        return None
+    req = _one_pass(head + b"null}}")
+    if req is None or req[2] is UNSET or bytes(getattr(req[1], "message", b"")) != b"null":
+        return None
+    method, params, rid = req
+    return method, msgspec.structs.replace(params, message=Raw(memoryview(item)[start:-2])), rid
+
+
+def _parse_error(exc: BaseException) -> bytes:
+    return _error(None, ParseError(f"parse error: {exc}").to_object())
 
 
 def _version_mismatch(params_raw: Raw | bytes) -> None:

@@ -13,7 +13,7 @@ from typing import Any, Literal
 import msgspec
 from msgspec import UNSET, Raw, Struct, UnsetType
 
-from host._errors import Conflict, InvalidParams
+from host._errors import Conflict, InvalidParams, ParseError
 from host._wire import Id
 
 PAGER_KEYS = ("revisionRootId", "revisionCount", "activeRevision")
@@ -111,20 +111,31 @@ def incoming_head(raw: bytes, what: str = "message") -> Head:
     """Validate the head of a message a caller wants written, or raise ``InvalidParams``.
 
     A display-capped copy is ``CONFLICT``. The envelope already proved ``raw`` is JSON, so
-    the rest of the message needs no second scan when only the head is used (a checkpoint).
+    the rest of the message needs no second scan when only the head is used (a checkpoint);
+    or, for a message split off its request (``host._endpoint._split``), this scan is what
+    proves it: ``ParseError`` when it is not one JSON value, even past a field that failed.
     """
     try:
         head = _HEAD.decode(raw)
     except msgspec.ValidationError as exc:
+        _json(raw, what)  # stopped at the bad field: the rest may still not be JSON
         raise InvalidParams(f"{what}: {exc}") from None
-    except msgspec.DecodeError as exc:  # pragma: no cover - the envelope was valid JSON
-        raise InvalidParams(f"{what}: {exc}") from None
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise ParseError(f"{what}: {exc}") from None
     if head.capped:
         raise Conflict(
             f"{what} {head.id!r} is a display-capped copy and cannot be written back",
             messageId=head.id,
         )
     return head
+
+
+def _json(raw: bytes, what: str) -> None:
+    """Raise ``ParseError`` unless ``raw`` is one JSON value."""
+    try:
+        _RAW.decode(raw)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise ParseError(f"{what}: {exc}") from None
 
 
 def parse_incoming(raw: bytes, what: str = "message") -> Message:

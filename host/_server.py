@@ -213,7 +213,7 @@ async def serve_stdio(host: Host) -> None:
         _, writer = await loop.connect_write_pipe(_Output, sys.stdout.buffer)
     else:
         writer = _FileWriter(sys.stdout.fileno())
-    conn = Connection(host.handlers, host.stats, writer, host.immediate)
+    conn = Connection(host.handlers, host.stats, writer, host.immediate, host.split)
     lines = LineReader(conn.feed)
     conn.more = lines.more
     if _streams(sys.stdin.fileno()):
@@ -295,7 +295,9 @@ class _Client(LineReader, _Sender):
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
-        conn = Connection(self.host.handlers, self.host.stats, self, self.host.immediate)
+        conn = Connection(
+            self.host.handlers, self.host.stats, self, self.host.immediate, self.host.split
+        )
         self.on_line = conn.feed  # before the first read, which may come in this pass
         conn.more = self.more
         task = asyncio.get_running_loop().create_task(serve_connection(self.host, self, conn, self))

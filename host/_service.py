@@ -65,6 +65,8 @@ class Host:
         }
         self.immediate: dict[str, Immediate] = {"session.appendMessage": s.append_now}
         """Calls the endpoint may do at once, without a task (see ``append_now``)."""
+        self.split = frozenset({"session.saveInflightMessage"})
+        """Calls whose big message is proved JSON beside its write (``save_inflight``)."""
 
     @classmethod
     @contextlib.asynccontextmanager

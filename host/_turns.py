@@ -130,10 +130,12 @@ class TurnMethods:
         """Replace the session's checkpoint with ``p.message`` (ADR 0153).
 
         While fsyncs are fast the write runs on the loop, and for a big snapshot before its
-        head is known: the message's second JSON scan (the envelope's proved it is JSON, the
-        head's finds its id) runs on a thread while the loop's synced write, which holds no
-        GIL, flushes the bytes into the spare. Only then is the head checked and the spare
-        swapped in; a snapshot that fails a check leaves the spare, which nothing reads.
+        head is known: the message's JSON scan runs on a thread while the loop's synced
+        write, which holds no GIL, flushes the bytes into the spare. It finds the head and,
+        for a message the endpoint split off its request unscanned (``_split``), proves it
+        is JSON: the snapshot is scanned once, beside its write. Only then is the head
+        checked and the spare swapped in; a snapshot that fails a check leaves the spare,
+        which nothing reads.
         """
         sid, store = p.session_id, self.store
         inline = store.fsyncs.inline and len(p.message) <= BIG_WRITE

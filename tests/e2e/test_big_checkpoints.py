@@ -5,22 +5,66 @@ the head's checks made and the spare swapped in. So every check that fails after
 write must still leave the checkpoint as it was, and every answer must be the one the same
 call with a small snapshot gets. The file has no ``messageId`` now; one written before
 (with it) must still be read and promoted.
+
+A line sent as the outbox sends it (``id`` before ``params``, ``message`` last) is split
+(``host._endpoint._split``): its message is not even proved JSON before it is written.
+Each such line must get the answer the same request sent the other way round gets.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
+from host._endpoint import SPLIT_MIN, _split
 from host._turns import SCAN_APART
 from tests.conftest import Client, StartHost, everything, get_messages
 from tests.e2e.test_checkpoints import checkpoint, streaming
 from tests.e2e.turnkit import boot, cli, fails, file_state, inflight, reboot, reply
 
 BIG = 3 * SCAN_APART  # characters of content: well past the threshold
+_RIDS = itertools.count(9000)
+
+
+def save_line(message: bytes, *, split: bool, sid: str = "s") -> tuple[bytes, int]:
+    """A saveInflightMessage line with ``message`` as written, and its id.
+
+    ``split``: in the outbox's order, which the host splits; else with the id last.
+    """
+    rid = next(_RIDS)
+    head = b'"jsonrpc":"2.0","method":"session.saveInflightMessage",'
+    params = b'"params":{"sessionId":"%s","turnId":"t1","message":%s}' % (sid.encode(), message)
+    if split:
+        line = b'{"jsonrpc":"2.0","id":%d,"method":"session.saveInflightMessage",%s}' % (
+            rid,
+            params,
+        )
+        assert len(line) > SPLIT_MIN and _split(line) is not None
+    else:
+        line = b'{%s%s,"id":%d}' % (head, params, rid)
+        assert _split(line) is None
+    return line, rid
+
+
+async def answer(
+    client: Client, message: bytes, *, split: bool, sid: str = "s", parse: bool = False
+) -> Any:
+    """The reply to a saveInflightMessage of ``message``, checked for its id and dropped.
+
+    ``parse``: a parse error, whose id is null and whose text names a byte of the line.
+    """
+    line, rid = save_line(message, split=split, sid=sid)
+    got = await client.raw(line, None if parse else rid)
+    assert got.pop("id") == (None if parse else rid)
+    if parse:
+        assert got["error"]["message"].startswith("parse error: ")
+        got["error"]["message"] = "parse error"
+    return got
 
 
 async def kept(client: Client, data: Path) -> Any:
@@ -97,7 +141,54 @@ async def test_a_bad_snapshot_gets_the_same_error_big_or_small_and_changes_nothi
             client, "session.saveInflightMessage", sessionId=sid, turnId="t1", message=message
         )
         assert (err.code, err.name) == (code, name)
+        if size == BIG:  # and the same again when the line is split
+            got = await answer(client, msgspec.json.encode(message), split=True, sid=sid)
+            assert (got["error"]["code"], got["error"]["data"]["code"]) == (code, name)
     assert (file_state(inflight(data_dir, "s")), await kept(client, data_dir)) == before
+
+
+GOOD = b'{"id":"a1","role":"assistant","content":"%s"}' % (b"y" * BIG)
+
+
+@pytest.mark.parametrize(
+    ("message", "code"),
+    [
+        (b'{"id":"a1","role":"assistant","content":"' + b"x" * BIG + b"}", "PARSE_ERROR"),
+        (b'{"id":5,"role":"assistant","content":"' + b"x" * BIG + b"}", "PARSE_ERROR"),
+        (GOOD[:-1] + b',"deep":' + b"[" * 5000 + b"]" * 5000 + b"}", "PARSE_ERROR"),
+        (GOOD + b',"extra":{}', "INVALID_PARAMS"),
+        (GOOD + b'],"x":{}', "PARSE_ERROR"),
+    ],
+    ids=["cut-short", "bad-field-then-cut-short", "too-deep", "param-after", "junk-after"],
+)
+async def test_a_split_message_that_is_not_one_json_value_gets_the_whole_lines_answer(
+    client: Client, data_dir: Path, message: bytes, code: str
+) -> None:
+    await streaming(client, "s")
+    assert await checkpoint(client, "s", reply("a1", "kept")) is True
+    before = file_state(inflight(data_dir, "s")), await kept(client, data_dir)
+    parse = code == "PARSE_ERROR"
+    unsplit = await answer(client, message, split=False, parse=parse)
+    assert unsplit["error"]["data"]["code"] == code
+    assert await answer(client, message, split=True, parse=parse) == unsplit
+    assert (file_state(inflight(data_dir, "s")), await kept(client, data_dir)) == before
+
+
+async def test_a_split_message_with_a_repeated_message_key_after_it_saves_the_last(
+    client: Client, data_dir: Path
+) -> None:
+    """Duplicate keys: msgspec keeps the last, so the unsplit line saves that one."""
+    await streaming(client, "s")
+    later = reply("a1", "z" * BIG)
+    message = GOOD + b',"message":' + msgspec.json.encode(later)
+    for split in (False, True):
+        assert await answer(client, message, split=split) == {
+            "jsonrpc": "2.0",
+            "result": {"saved": True},
+        }
+        assert body(data_dir, "s")["message"] == later
+        inflight(data_dir, "s").unlink()
+        await client.call("session.recoverInflightMessages")  # forget the removed file
 
 
 async def test_a_big_snapshot_of_another_turn_leaves_the_running_turns_checkpoint_alone(
