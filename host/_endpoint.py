@@ -12,7 +12,7 @@ import functools
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Container, Hashable
 from typing import Any, Protocol
 
 import msgspec
@@ -110,14 +110,15 @@ class Connection:
         stats: Stats,
         writer: Writer,
         immediate: dict[str, Immediate] | None = None,
-        split: frozenset[str] = frozenset(),
+        split: dict[str, Immediate] | None = None,
     ) -> None:
         self.handlers = handlers
         self.stats = stats
         self.writer = writer
         self.immediate = immediate or {}
-        self.split = split
-        """Methods whose handler proves its ``message`` JSON itself (see :func:`_split`)."""
+        self.split = split or {}
+        """Calls done at once with their message split off their line (:func:`_split`):
+        the call proves it JSON, and gives ``None`` when it is not."""
         self.more: Callable[[], bool] = _unknown
         """Whether another whole line was read behind the one being fed (its reader sets
         it); a call is done at once only when none was, so a backlog still forms groups."""
@@ -142,7 +143,7 @@ class Connection:
             if not line.isascii():  # no copy for the usual case
                 line.decode("utf-8")  # msgspec does not check UTF-8 inside raw values
         except UnicodeDecodeError as exc:
-            self._spawn_send(_error(None, ParseError(f"parse error: {exc}").to_object()))
+            self._spawn_send(_parse_error(exc))
             return
         first = line[:1]
         if first.isspace():  # rare: only then a copy
@@ -167,20 +168,14 @@ class Connection:
             self._spawn_send(_parse_error(exc))
 
     def _start(self, item: bytes, *, reply: bool) -> bytes | asyncio.Task[bytes | None] | None:
-        if (
-            reply  # a batch's items were scanned whole already
-            and self.handshaken
-            and len(item) > SPLIT_MIN
-            and (req := _split(item)) is not None
-            and req[0] in self.split
-        ):
-            return self._call(*req, reply=True, note=False, line=item)
+        alone = reply and not self.tasks and not self.more()
+        if alone and self.handshaken and len(item) > SPLIT_MIN and self._split_now(item):
+            return None
         if self.handshaken and (req := _one_pass(item)) is not None and req[0] in self.handlers:
             method, params, rid = req
             note = rid is UNSET
             now = self.immediate.get(method)
-            alone = reply and not note and not self.tasks and not self.more()
-            if now and alone and self._now(now, method, params, rid):
+            if now and alone and not note and self._now(now, method, params, rid):
                 return None
             return self._call(method, params, None if note else rid, reply=reply, note=note)
         try:
@@ -225,22 +220,12 @@ class Connection:
         return self._call(method, params, rid, reply=reply, note=note)
 
     def _call(
-        self,
-        method: str,
-        params: Any,
-        rid: Any,
-        *,
-        reply: bool,
-        note: bool,
-        line: bytes | None = None,
+        self, method: str, params: Any, rid: Any, *, reply: bool, note: bool
     ) -> asyncio.Task[bytes | None]:
-        """Start the task that runs a decoded call of a known method.
-
-        ``line``: the request's line, when its message was split off (:func:`_split`).
-        """
+        """Start the task that runs a decoded call of a known method."""
         call = CallState(method)
         task = asyncio.get_running_loop().create_task(
-            self._run(call, self.handlers[method], params, rid, note, reply, line)
+            self._run(call, self.handlers[method], params, rid, note, reply)
         )
         call.task = task
         call.created()
@@ -249,6 +234,16 @@ class Connection:
         if not note:
             self.calls[_key(rid)] = call
         return task
+
+    def _split_now(self, item: bytes) -> bool:
+        """Do a big request at once with its message split off (:func:`_split`).
+
+        ``False`` when the line is not of that shape, or the call cannot be done at once,
+        or its message proves not to be one JSON value: the line is then decoded whole and
+        answered as any other, and nothing has happened in between.
+        """
+        req = _split(item, self.split)
+        return req is not None and self._now(self.split[req[0]], *req)
 
     def _now(self, now: Immediate, method: str, params: Any, rid: Any) -> bool:
         """Do a call at once and answer it; ``False`` when it must take the awaited way.
@@ -295,21 +290,14 @@ class Connection:
     # -- calls ----------------------------------------------------------------------
 
     async def _run(
-        self,
-        call: CallState,
-        handler: Handler,
-        params: Any,
-        rid: Any,
-        note: bool,
-        reply: bool,
-        line: bytes | None,
+        self, call: CallState, handler: Handler, params: Any, rid: Any, note: bool, reply: bool
     ) -> bytes | None:
         """Run one call; send its answer when ``reply`` (else a batch collects it)."""
         CURRENT_CALL.set(call)
         call.ran()
         call.running = True
         t0 = time.perf_counter()
-        ok: bool | None = False
+        ok = False
         try:
             if call.cancel_requested:
                 raise asyncio.CancelledError("$/cancelRequest")
@@ -328,35 +316,15 @@ class Connection:
                 task.uncancel()
             body = _error(rid, RequestCancelled("cancelled before it started").to_object())
         except Exception as exc:
-            if line is not None and isinstance(exc, ParseError):  # the split message's
-                ok = None  # not this call's answer: the line's, which counts itself
-                body = await self._whole(line)
-            else:
-                body = _error(rid, to_error_object(exc, call.method))
+            body = _error(rid, to_error_object(exc, call.method))
         finally:
-            if ok is not None:
-                self.stats.record(call.method, time.perf_counter() - t0, ok)
+            self.stats.record(call.method, time.perf_counter() - t0, ok)
             if not note and self.calls.get(_key(rid)) is call:
                 del self.calls[_key(rid)]
         if note:
             return None
         if reply:
             await self.send(body)
-        return body
-
-    async def _whole(self, line: bytes) -> bytes:
-        """The answer to a split request whose message proved not to be one JSON value.
-
-        It is the whole line's, decided as if it had never been split: a parse error, an
-        invalid request or params, or (a key repeated after the message) the call the line
-        really is, run now.
-        """
-        try:
-            part = self._start(line, reply=False)
-        except (msgspec.DecodeError, RecursionError) as exc:
-            return _parse_error(exc)
-        body = await part if isinstance(part, asyncio.Task) else part
-        assert body is not None  # a split request has an id
         return body
 
     async def _finish_batch(self, parts: list[bytes | asyncio.Task[bytes | None] | None]) -> None:
@@ -453,22 +421,21 @@ def _one_pass(item: bytes) -> tuple[str, Struct, Any] | None:
     return REQUEST_TYPES[type(req)], req.params, req.id
 
 
-def _split(item: bytes) -> tuple[str, Struct, Any] | None:
+def _split(item: bytes, methods: Container[str]) -> tuple[str, Struct, Any] | None:
     """``(method, params, id)`` of a big request decoded but for its ``message``, else ``None``.
 
-    The line must end with that message, an object, and the braces that close the params
-    and the request, with no space between (the bytes are then the ones the message's
-    ``Raw`` would hold, no more). The rest of it, with
-    ``null`` in the message's place, is decoded as usual; the message becomes a ``Raw``
-    view of its bytes, not yet proved JSON: the handler proves it (``incoming_head``, which
-    raises ``ParseError`` when it is not one JSON value) on a thread while it writes it, so
-    a 1 MB snapshot is scanned once, beside its write, instead of once before it.
+    The line must be a request (with an id) of one of ``methods``, ending with its
+    message, an object, and the braces that close the params and the request, with no
+    space between (the bytes are then the ones the message's ``Raw`` would hold, no more).
+    The rest of it, with ``null`` in the message's place, is decoded as usual; the message
+    becomes a ``Raw`` view of its bytes, not yet proved JSON: the call proves it on a
+    thread while it writes it, so a 1 MB snapshot is scanned once, beside its write,
+    instead of once before it.
 
     Exact: the head holds no backslash and ``"message"`` just once, so whatever a decoder
     does with a repeated or escaped key, the key found is the params' only ``message``,
     and ``null`` decoding there proves it is one. The line is then this request exactly
-    when the bytes are one JSON value; when they are not, it is decided whole
-    (:meth:`Connection._whole`), as if never split.
+    when the bytes are one JSON value (``tests/host/test_split.py``).
     """
     if not item.endswith(b"}}}"):
         return None
@@ -480,9 +447,11 @@ def _split(item: bytes) -> tuple[str, Struct, Any] | None:
     if b"\\" in head or head.count(b'"message"') != 1:
         return None
     req = _one_pass(head + b"null}}")
-    if req is None or req[2] is UNSET or bytes(getattr(req[1], "message", b"")) != b"null":
+    if req is None or req[0] not in methods or req[2] is UNSET:
         return None
     method, params, rid = req
+    if bytes(params.message) != b"null":  # type: ignore[attr-defined]
+        return None
     return method, msgspec.structs.replace(params, message=Raw(memoryview(item)[start:-2])), rid
 
 

@@ -65,8 +65,8 @@ class Host:
         }
         self.immediate: dict[str, Immediate] = {"session.appendMessage": s.append_now}
         """Calls the endpoint may do at once, without a task (see ``append_now``)."""
-        self.split = frozenset({"session.saveInflightMessage"})
-        """Calls whose big message is proved JSON beside its write (``save_inflight``)."""
+        self.split: dict[str, Immediate] = {"session.saveInflightMessage": t.save_now}
+        """Calls done at once with their message split off their line (see ``save_now``)."""
 
     @classmethod
     @contextlib.asynccontextmanager

@@ -110,16 +110,17 @@ class FsyncPolicy:
         """fsync ``transcript`` on the calling thread, and count it (no generator frame)."""
         t0 = time.perf_counter()
         transcript.sync()
-        self._note(time.perf_counter() - t0)
+        self.note(time.perf_counter() - t0)
 
     @contextlib.contextmanager
     def timed(self) -> Iterator[None]:
         """Count the durable write in the block (a group's fsync, a checkpoint's replace)."""
         t0 = time.perf_counter()
         yield
-        self._note(time.perf_counter() - t0)
+        self.note(time.perf_counter() - t0)
 
-    def _note(self, seconds: float) -> None:
+    def note(self, seconds: float) -> None:
+        """Count a durable write that took ``seconds``."""
         self.average += (seconds - self.average) / 8
 
 
@@ -284,10 +285,14 @@ class Store:
             self.index.queue_append(s.session_id, rows, stamp, count)
         return self._appended(s, rows, pos)
 
+    def can_write_now(self, size: int) -> bool:
+        """Whether a durable write of ``size`` bytes may run on the loop: up to
+        :data:`BIG_WRITE` while fsyncs are fast (:class:`FsyncPolicy`)."""
+        return self.fsyncs.inline and size <= BIG_WRITE
+
     def can_append_now(self, lines: Sequence[NewLine]) -> bool:
-        """Whether :meth:`append_now` may write ``lines``: under :data:`BIG_WRITE` while
-        fsyncs are fast (:class:`FsyncPolicy`)."""
-        return self.fsyncs.inline and sum(len(nl.data) + 1 for nl in lines) <= BIG_WRITE
+        """Whether :meth:`append_now` may write ``lines``."""
+        return self.can_write_now(sum(len(nl.data) + 1 for nl in lines))
 
     def append_now(self, s: OpenSession, lines: Sequence[NewLine]) -> list[int]:
         """:meth:`append` with its rows deferred, done at once: no await, no thread.

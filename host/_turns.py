@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from concurrent.futures import Future
 
 from msgspec import UNSET, Raw
 
 from host._checkpoints import Checkpoint
-from host._errors import AgentBusy, InvalidParams, NotFound
+from host._errors import AgentBusy, InvalidParams, NotFound, ParseError
 from host._index import now_iso
 from host._messages import Head, Status, incoming_head, parse_incoming, parse_stored
 from host._recovery import quarantine
 from host._sessions import SessionMethods
-from host._store import BIG_WRITE, OpenSession, Store
+from host._store import OpenSession, Store
 from host._wire import (
     BeginTurnParams,
     BeginTurnResult,
@@ -39,9 +40,29 @@ SCAN_APART = 1 << 16
 """A snapshot larger than this has its head scanned on a thread while it is written."""
 
 
+_PROOF_DEPTH = 100
+"""Frames a split message's scan runs beneath (see :func:`_proof`)."""
+
+
 async def _result(scan: Future[Head]) -> Head:
     """The head a scan found (or its error), without a hop when it is already done."""
     return scan.result() if scan.done() else await asyncio.wrap_future(scan)
+
+
+def _proof(raw: Raw, depth: int = _PROOF_DEPTH) -> Head | None:
+    """The head of a message split off its line, or ``None`` when it is not one JSON value.
+
+    Run ``depth`` frames down: msgspec refuses a value nested deeper than what is left of
+    the interpreter's recursion limit, so on a fresh thread it accepts a few levels more
+    than the whole line's decode does deep in the loop's stack. Beneath these frames it
+    accepts fewer, never more: a message nested that deep is decoded whole instead.
+    """
+    if depth:
+        return _proof(raw, depth - 1)
+    try:
+        return incoming_head(raw)
+    except ParseError:
+        return None
 
 
 class TurnMethods:
@@ -130,15 +151,14 @@ class TurnMethods:
         """Replace the session's checkpoint with ``p.message`` (ADR 0153).
 
         While fsyncs are fast the write runs on the loop, and for a big snapshot before its
-        head is known: the message's JSON scan runs on a thread while the loop's synced
-        write, which holds no GIL, flushes the bytes into the spare. It finds the head and,
-        for a message the endpoint split off its request unscanned (``_split``), proves it
-        is JSON: the snapshot is scanned once, beside its write. Only then is the head
-        checked and the spare swapped in; a snapshot that fails a check leaves the spare,
-        which nothing reads.
+        head is known: the message's second JSON scan (the envelope's proved it is JSON, the
+        head's finds its id) runs on a thread while the loop's synced write, which holds no
+        GIL, flushes the bytes into the spare. Only then is the head checked and the spare
+        swapped in; a snapshot that fails a check leaves the spare, which nothing reads.
+        (:meth:`save_now` saves the first scan too, when it can.)
         """
         sid, store = p.session_id, self.store
-        inline = store.fsyncs.inline and len(p.message) <= BIG_WRITE
+        inline = store.can_write_now(len(p.message))
         scan = None
         if inline and len(p.message) > SCAN_APART:
             scan = store.scans.submit(incoming_head, p.message)
@@ -161,9 +181,8 @@ class TurnMethods:
                 if scan is not None:  # even after a failure: a bad message is INVALID_PARAMS
                     head = await _result(scan)
             assert head is not None
-            if store.index.lookup_now(sid, [head.id]):  # no thread hop per snapshot
-                store.count("checkpoints.dropped_late")
-                return SavedResult(saved=False)  # a late write never resurrects a final row
+            if self._late(sid, head):
+                return SavedResult(saved=False)
             if not ours:
                 assert old is not None
                 if store.index.turn(sid, old[0]) == "running":
@@ -178,6 +197,59 @@ class TurnMethods:
                 await asyncio.to_thread(self.checkpoints.save, sid, p.turn_id, head.id, p.message)
             store.count("checkpoints.saved")
             return SavedResult(saved=True)
+
+    def save_now(self, p: SaveInflightParams) -> SavedResult | None:
+        """``saveInflightMessage`` of a message split off its line, done at once (``None``:
+        the line is decoded whole and takes the awaited way).
+
+        The endpoint has not scanned the message (``host._endpoint._split``): the scan
+        thread proves it JSON and finds its head while the loop writes it into the spare,
+        so a 1 MB snapshot is scanned once, beside its write. Only for what a streaming
+        reply does over and over: its session open and idle, the checkpoint in the file
+        its own turn's (or none, and known without a read), fsyncs fast, up to 1 MiB. So
+        nothing but the spare, which nothing reads, is touched before the message is known
+        to be JSON; one that is not gets ``None``, and the answer the whole line gets.
+        """
+        store, sid = self.store, p.session_id
+        if store.idle_session(sid) is None or not self.checkpoints.knows(sid):
+            return None
+        old = self.checkpoints.ids(sid)
+        if (old is not None and old[0] != p.turn_id) or not store.can_write_now(len(p.message)):
+            return None
+        # The scan starts once the spare is open, right before the write that holds no GIL:
+        # started sooner, it takes the GIL while the loop is in open() and keeps it for
+        # the whole scan, and the write waits for it.
+        scans: list[Future[Head | None]] = []
+        t0 = time.perf_counter()
+        try:
+            self.checkpoints.fill(
+                sid,
+                p.turn_id,
+                p.message,
+                lambda: scans.append(store.scans.submit(_proof, p.message)),
+            )
+        except BaseException:
+            head = scans[0].result() if scans else _proof(p.message)
+            if head is None:  # not JSON: that is the answer, not the failed write
+                return None
+            raise
+        head = scans[0].result()  # begun before the write: as good as done
+        if head is None:
+            return None
+        store.fsyncs.note(time.perf_counter() - t0)
+        if self._late(sid, head):
+            return SavedResult(saved=False)
+        self.checkpoints.install(sid, p.turn_id, head.id)
+        store.count("checkpoints.saved")
+        return SavedResult(saved=True)
+
+    def _late(self, sid: str, head: Head) -> bool:
+        """Whether the snapshot's message is stored already: a late write never resurrects
+        a final row (no thread hop per snapshot)."""
+        if self.store.index.lookup_now(sid, [head.id]):
+            self.store.count("checkpoints.dropped_late")
+            return True
+        return False
 
     async def _beside_running(self, s: OpenSession, p: SaveInflightParams) -> SavedResult:
         """Another turn's snapshot while the file holds the running turn's checkpoint.

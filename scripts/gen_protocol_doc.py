@@ -260,9 +260,10 @@ An answer to a write means it is on disk. The order of every write (`host/_store
   id already stored) gets the answer it always got, and only the spare, which nothing
   reads, has changed. A request line in the shape the outbox sends (`id` before
   `params`, `message` last in the params, nothing after it but the two closing braces)
-  is not even scanned whole before that write: the thread's scan proves the message is
-  JSON, and a line whose message proves not to be one JSON value is then decoded whole,
-  as any other line is, for its answer. Key order changes speed, never an answer.
+  that arrives alone, for an open session, is not even scanned whole before that write:
+  the thread's scan proves the message is JSON, and a line whose message proves not to
+  be one JSON value is then decoded whole, as any other line is, for its answer. Key
+  order changes speed, never an answer.
 - **Truncation** (`truncateFrom`): the bytes to cut are read once (O(cut)); a cut that
   archives a branch or restamps its root records an intent first; then the transcript is
   cut at the byte offset the index knows (`ftruncate`, the restamped root line appended if

@@ -23,48 +23,55 @@ import pytest
 
 from host._endpoint import SPLIT_MIN, _split
 from host._turns import SCAN_APART
-from tests.conftest import Client, StartHost, everything, get_messages
+from tests.conftest import Client, StartHost, disk_state, everything, get_messages
 from tests.e2e.test_checkpoints import checkpoint, streaming
 from tests.e2e.turnkit import boot, cli, fails, file_state, inflight, reboot, reply
 
 BIG = 3 * SCAN_APART  # characters of content: well past the threshold
 _RIDS = itertools.count(9000)
+SAVE = b"session.saveInflightMessage"
 
 
-def save_line(message: bytes, *, split: bool, sid: str = "s") -> tuple[bytes, int]:
+def save_line(message: bytes, *, split: bool, sid: str = "s", tid: str = "t1") -> tuple[bytes, int]:
     """A saveInflightMessage line with ``message`` as written, and its id.
 
-    ``split``: in the outbox's order, which the host splits; else with the id last.
+    ``split``: in the outbox's shape, which the host splits; else with the id last.
     """
     rid = next(_RIDS)
-    head = b'"jsonrpc":"2.0","method":"session.saveInflightMessage",'
-    params = b'"params":{"sessionId":"%s","turnId":"t1","message":%s}' % (sid.encode(), message)
+    params = b'"params":{"sessionId":"%s","turnId":"%s","message":%s}' % (
+        sid.encode(),
+        tid.encode(),
+        message,
+    )
     if split:
-        line = b'{"jsonrpc":"2.0","id":%d,"method":"session.saveInflightMessage",%s}' % (
-            rid,
-            params,
-        )
-        assert len(line) > SPLIT_MIN and _split(line) is not None
+        line = b'{"jsonrpc":"2.0","id":%d,"method":"%s",%s}' % (rid, SAVE, params)
+        assert len(line) > SPLIT_MIN and _split(line, {SAVE.decode()}) is not None
     else:
-        line = b'{%s%s,"id":%d}' % (head, params, rid)
-        assert _split(line) is None
+        line = b'{"jsonrpc":"2.0","method":"%s",%s,"id":%d}' % (SAVE, params, rid)
+        assert _split(line, {SAVE.decode()}) is None
     return line, rid
 
 
-async def answer(
-    client: Client, message: bytes, *, split: bool, sid: str = "s", parse: bool = False
-) -> Any:
-    """The reply to a saveInflightMessage of ``message``, checked for its id and dropped.
+def bare(reply: dict[str, Any], rid: Any) -> dict[str, Any]:
+    """``reply`` to the request ``rid``, checked for its id and without it.
 
-    ``parse``: a parse error, whose id is null and whose text names a byte of the line.
+    A parse error's id is null, and its text names a byte of the line: only its start
+    is kept.
     """
-    line, rid = save_line(message, split=split, sid=sid)
-    got = await client.raw(line, None if parse else rid)
-    assert got.pop("id") == (None if parse else rid)
+    error = reply.get("error")
+    parse = error is not None and error["data"]["code"] == "PARSE_ERROR"
+    assert reply.pop("id") == (None if parse else rid)
     if parse:
-        assert got["error"]["message"].startswith("parse error: ")
-        got["error"]["message"] = "parse error"
-    return got
+        assert error["message"].startswith("parse error: ")
+        error["message"] = "parse error"
+    return reply
+
+
+async def answer(client: Client, message: bytes, *, split: bool, sid: str = "s") -> Any:
+    """The reply to a saveInflightMessage of ``message`` sent alone (see :func:`bare`)."""
+    line, rid = save_line(message, split=split, sid=sid)
+    await client.send_raw(line + b"\n")  # no id registered: whatever comes back is unmatched
+    return bare(await client.next_unmatched(), rid)
 
 
 async def kept(client: Client, data: Path) -> Any:
@@ -91,10 +98,14 @@ async def test_big_snapshots_are_saved_whole_growing_or_shrinking_and_survive_a_
     c = cli(host)
     await streaming(c, "s")
     # Growing (a synced write over the spare), then shorter than the spare it reuses.
-    sizes = [BIG, 2 * BIG, BIG + 7, SCAN_APART + 1, 2 * BIG]
+    sizes = [BIG, 2 * BIG, BIG + 7, SCAN_APART + 1, 2 * BIG, BIG]
     for i, size in enumerate(sizes):
         snap = reply("a1", str(i % 10) * size)
-        assert await checkpoint(c, "s", snap) is True
+        if i % 2:  # in the outbox's shape: split, and done at once
+            got = await answer(c, msgspec.json.encode(snap), split=True)
+            assert got["result"] == {"saved": True}
+        else:
+            assert await checkpoint(c, "s", snap) is True
         got = body(data_dir, "s")
         assert (got["sessionId"], got["turnId"], got["message"]) == ("s", "t1", snap)
         assert "messageId" not in got  # the message's own id is the one
@@ -148,12 +159,13 @@ async def test_a_bad_snapshot_gets_the_same_error_big_or_small_and_changes_nothi
 
 
 GOOD = b'{"id":"a1","role":"assistant","content":"%s"}' % (b"y" * BIG)
+CUT = b'{"id":"a1","role":"assistant","content":"' + b"x" * BIG + b"}"  # its string never ends
 
 
 @pytest.mark.parametrize(
     ("message", "code"),
     [
-        (b'{"id":"a1","role":"assistant","content":"' + b"x" * BIG + b"}", "PARSE_ERROR"),
+        (CUT, "PARSE_ERROR"),
         (b'{"id":5,"role":"assistant","content":"' + b"x" * BIG + b"}", "PARSE_ERROR"),
         (GOOD[:-1] + b',"deep":' + b"[" * 5000 + b"]" * 5000 + b"}", "PARSE_ERROR"),
         (GOOD + b',"extra":{}', "INVALID_PARAMS"),
@@ -167,10 +179,9 @@ async def test_a_split_message_that_is_not_one_json_value_gets_the_whole_lines_a
     await streaming(client, "s")
     assert await checkpoint(client, "s", reply("a1", "kept")) is True
     before = file_state(inflight(data_dir, "s")), await kept(client, data_dir)
-    parse = code == "PARSE_ERROR"
-    unsplit = await answer(client, message, split=False, parse=parse)
+    unsplit = await answer(client, message, split=False)
     assert unsplit["error"]["data"]["code"] == code
-    assert await answer(client, message, split=True, parse=parse) == unsplit
+    assert await answer(client, message, split=True) == unsplit
     assert (file_state(inflight(data_dir, "s")), await kept(client, data_dir)) == before
 
 
@@ -227,3 +238,76 @@ async def test_a_checkpoint_file_written_with_its_message_id_is_still_promoted(
         {"sessionId": "s", "messageId": "a1", "turnId": "t1", "status": "aborted"}
     ]
     assert (await get_messages(c, "s"))[-1]["content"] == "from an older host"
+
+
+async def test_a_deeply_nested_message_gets_the_same_answer_split_or_not(
+    client: Client, data_dir: Path
+) -> None:
+    """msgspec refuses nesting past what is left of the recursion limit, which depends on
+    how deep the decoding thread's stack is: the split's proof on its thread must never
+    accept what the whole line's decode on the loop refuses."""
+    await streaming(client, "s")
+    seen = set()
+    for depth in range(880, 1000):
+        message = GOOD[:-1] + b',"deep":' + b"[" * depth + b"]" * depth + b"}"
+        unsplit = await answer(client, message, split=False)
+        assert await answer(client, message, split=True) == unsplit, depth
+        seen.add("result" in unsplit)
+    assert seen == {True, False}  # the depths crossed the limit
+
+
+async def test_a_cancel_in_the_same_write_as_a_split_line_gets_the_unsplit_answers(
+    client: Client,
+) -> None:
+    await streaming(client, "s")
+    got = []
+    for split in (False, True):
+        line, rid = save_line(CUT, split=split)
+        cancel = {"jsonrpc": "2.0", "id": f"c{rid}", "method": "$/cancelRequest"}
+        cancel["params"] = {"id": rid}
+        await client.send_raw(line + b"\n" + msgspec.json.encode(cancel) + b"\n")
+        replies = [await client.next_unmatched() for _ in range(2)]
+        by_id = {r["id"]: r for r in replies}
+        assert set(by_id) == {None, f"c{rid}"}
+        got.append((bare(by_id[None], rid), by_id[f"c{rid}"]["result"]))
+    assert got[0] == got[1]
+    assert got[0][0]["error"]["data"]["code"] == "PARSE_ERROR"
+
+
+async def test_calls_in_one_write_behind_a_split_line_keep_their_order(
+    client: Client, data_dir: Path
+) -> None:
+    """The split line's message repeats its key (so it is decoded whole, and saves the
+    later one); the snapshot sent behind it in the same write must still land last."""
+    await streaming(client, "s")
+    first = GOOD + b',"message":' + msgspec.json.encode(reply("a1", "z" * BIG))
+    for split in (False, True):
+        a, _ = save_line(first, split=split)
+        b, _ = save_line(msgspec.json.encode(reply("a1", "behind")), split=False)
+        await client.send_raw(a + b"\n" + b + b"\n")
+        replies = [await client.next_unmatched() for _ in range(2)]
+        assert [r["result"] for r in replies] == [{"saved": True}] * 2
+        assert body(data_dir, "s")["message"] == reply("a1", "behind")
+
+
+async def test_a_split_line_not_json_touches_nothing_of_a_session_not_open(
+    start_host: StartHost, data_dir: Path
+) -> None:
+    """Nothing but the spare may change before a message is proved JSON: a session that
+    is not open yet is opened (and its corrupt checkpoint quarantined) only after."""
+    host = await boot(start_host)
+    await streaming(cli(host), "s")
+    await host.kill()
+    inflight(data_dir, "s").write_bytes(b'{"garbage"')
+    host = await boot(start_host)
+    c = cli(host)
+    counters = (await c.call("host.stats"))["counters"]
+    files = disk_state(data_dir)
+    got = await answer(c, CUT, split=True)
+    assert got["error"]["data"]["code"] == "PARSE_ERROR"
+    assert disk_state(data_dir) == files
+    assert (await c.call("host.stats"))["counters"] == counters
+    # A good one then takes the awaited way: the session opens, the bad file is set aside.
+    assert (await answer(c, GOOD, split=True))["result"] == {"saved": True}
+    assert body(data_dir, "s")["message"] == json.loads(GOOD)
+    assert (data_dir / "sessions" / "s.jsonl.quarantine").exists()

@@ -1,25 +1,34 @@
 """A big request's message split off its line (``host._endpoint._split``).
 
 The split decodes everything but the message now and leaves the message's bytes to its
-handler, which proves them JSON (``incoming_head``) on a thread while it writes them. So
-the split must never change an answer: whenever the handler's scan does not refuse the
-bytes as JSON, the line must be exactly the request the split read, as the two-phase
-decode reads it. (When the scan refuses them, the endpoint decides the line whole, as if
-never split: the end-to-end tests in test_big_checkpoints check those answers.)
+call (``TurnMethods.save_now``), which proves them JSON (``_proof``) on a thread while it
+writes them. So the split must never change an answer: whenever the proof does not refuse
+the bytes, the line must be exactly the request the split read, as the two-phase decode
+reads it. (When the proof refuses them, the line is decoded whole, as if never split: the
+end-to-end tests in test_big_checkpoints check those answers.) And a line that arrives
+alone is done at once, in the read callback, only when nothing but the spare can change
+before its message is proved.
 """
 
 from __future__ import annotations
 
+import errno
+import json
+from pathlib import Path
 from typing import Any
 
 import msgspec
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from host._endpoint import _split
-from host._errors import Conflict, InvalidParams, ParseError
-from host._messages import incoming_head
+from host import Host
+from host._endpoint import Connection, _split
+from host._errors import Conflict, InvalidParams
+from host._turns import _proof
 from tests.e2e.test_fuzz import json_values
+from tests.host.inproc import FaultyFileSystem
+from tests.host.test_endpoint import FakeWriter, line
 from tests.host.test_one_pass import two_phase
 
 METHOD = "session.saveInflightMessage"
@@ -109,15 +118,14 @@ def lines(draw: st.DrawFn) -> bytes:
 def test_what_the_split_reads_is_the_request_whenever_its_message_proves_json(
     line: bytes,
 ) -> None:
-    req = _split(line)
+    req = _split(line, {METHOD})
     if req is None:
         return
     method, params, rid = req
     assert rid is not msgspec.UNSET  # a notification is never split: its error has no id
     try:
-        incoming_head(params.message)
-    except ParseError:
-        return  # decided whole by the endpoint
+        if _proof(params.message) is None:
+            return  # decoded whole
     except (InvalidParams, Conflict):
         pass  # the same error the whole line's params get
     assert two_phase(line) == (method, params, rid), line
@@ -128,6 +136,81 @@ def test_a_valid_snapshot_sent_message_last_is_split(message: dict[str, Any], ri
     """The outbox's shape (and the bench's): ids, method, then params ending in message."""
     params = {"sessionId": "s", "turnId": "t", "message": message}
     line = msgspec.json.encode({"jsonrpc": "2.0", "id": rid, "method": METHOD, "params": params})
-    req = _split(line)
+    req = _split(line, {METHOD})
     assert req is not None and req == two_phase(line)
     assert msgspec.json.decode(req[1].message) == message
+
+
+def save(message: dict[str, Any], rid: int) -> bytes:
+    params = {"sessionId": "s", "turnId": "t", "message": message}
+    return msgspec.json.encode({"jsonrpc": "2.0", "id": rid, "method": METHOD, "params": params})
+
+
+async def test_a_snapshot_alone_is_saved_at_once_one_with_a_line_behind_it_is_not(
+    tmp_path: Path,
+) -> None:
+    async with Host.open(str(tmp_path / "data")) as host:
+        writer = FakeWriter()
+        conn = Connection(host.handlers, host.stats, writer, host.immediate, host.split)
+        behind = False
+        conn.more = lambda: behind
+        conn.feed(line("handshake", {"protocolVersion": 11}, 0))
+        conn.feed(line("session.create", {"sessionId": "s"}, "create"))
+        conn.feed(line("session.beginTurn", {"sessionId": "s", "turnId": "t"}, "begin"))
+        await conn.finish()
+        path = tmp_path / "data" / "sessions" / "s.inflight.json"
+        for rid, behind in enumerate([True, False, False, True], start=1):
+            message = {"id": "a1", "role": "assistant", "content": str(rid) * (1 << 17)}
+            conn.feed(save(message, rid))
+            assert (rid in writer.replies()) is not behind  # answered in the read callback
+            await conn.finish()
+            assert writer.replies()[rid]["result"] == {"saved": True}
+            assert json.loads(path.read_bytes())["message"] == message
+        # Alone but not JSON: decoded whole, as any line; nothing but the spare changed.
+        kept = path.read_bytes()
+        conn.feed(
+            save({"id": "a1", "role": "assistant", "content": "y" * (1 << 17)}, 9)[:-4] + b"}}}"
+        )
+        await conn.finish()
+        (bad,) = [r for r in writer.replies().values() if "error" in r]
+        assert (bad["id"], bad["error"]["data"]["code"]) == (None, "PARSE_ERROR")
+        assert path.read_bytes() == kept
+
+
+@pytest.mark.parametrize("fail_at", range(1, 8))
+async def test_a_failed_write_of_a_snapshot_saved_at_once_leaves_a_whole_checkpoint(
+    tmp_path: Path, fail_at: int
+) -> None:
+    """Each file operation of the save fails in turn: the answer is a storage error
+    exactly when the checkpoint is still the old one, whole; and a message that is not
+    JSON is a parse error, whatever its write did."""
+    fs = FaultyFileSystem(fail_at, errno.ENOSPC)
+    async with Host.open(str(tmp_path / "data"), fs) as host:
+        writer = FakeWriter()
+        conn = Connection(host.handlers, host.stats, writer, host.immediate, host.split)
+        conn.more = lambda: False
+        conn.feed(line("handshake", {"protocolVersion": 11}, 0))
+        conn.feed(line("session.create", {"sessionId": "s"}, "create"))
+        conn.feed(line("session.beginTurn", {"sessionId": "s", "turnId": "t"}, "begin"))
+        old = {"id": "a1", "role": "assistant", "content": "o" * (1 << 17)}
+        conn.feed(save(old, 1))
+        await conn.finish()
+        path = tmp_path / "data" / "sessions" / "s.inflight.json"
+        new = {"id": "a1", "role": "assistant", "content": "n" * (1 << 17)}
+        fs.armed = True
+        conn.feed(save(new, 2))
+        got = writer.replies()[2]  # done at once, failed or not
+        stored = json.loads(path.read_bytes())["message"]
+        if "error" in got:
+            assert (got["error"]["data"]["code"], stored) == ("STORAGE_ERROR", old)
+        else:
+            assert (got["result"], stored) == ({"saved": True}, new)
+        assert fs.failed == ("error" in got)
+        fs.calls, fs.fail_at = 0, 1  # the next one fails at once
+        conn.feed(save(new, 3)[:-4] + b"}}}")  # its string never ends
+        await conn.finish()
+        (bad,) = [r for r in writer.replies().values() if r["id"] is None]
+        assert bad["error"]["data"]["code"] == "PARSE_ERROR"
+        # (its write failed too, when it was tried: a failed swap leaves the checkpoint's
+        # ids unknown, and the next snapshot takes the awaited way)
+        assert json.loads(path.read_bytes())["message"] == stored
