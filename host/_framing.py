@@ -57,7 +57,7 @@ class LineReader(asyncio.BufferedProtocol):
         self._end = 0  # how far the buffer is filled
         self._scanned = 0  # bytes before this hold no newline of the current line
         self._discarding = False  # reading through a line over the limit
-        self._more = False  # while ``on_line`` runs: another whole line follows in the buffer
+        self._more = False  # while ``on_line`` runs: another line may be fed first (more())
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
@@ -79,6 +79,11 @@ class LineReader(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         """Hand on every line the ``nbytes`` just read complete."""
+        # A read that filled its room may have left more in the kernel, which uvloop reads
+        # in the same pass, before any task runs: as if it were already here (``more``).
+        self._lines(nbytes, self._end + nbytes == len(self._buf))
+
+    def _lines(self, nbytes: int, full: bool) -> None:
         self._end += nbytes
         buf = self._buf
         nl = buf.find(b"\n", self._scanned, self._end)
@@ -93,7 +98,7 @@ class LineReader(asyncio.BufferedProtocol):
                 with memoryview(buf) as view:
                     line = bytes(view[self._start : nl])
             self._start = self._scanned = nl + 1
-            self._more = following >= 0
+            self._more = following >= 0 or full
             self.on_line(line)
             nl = following
         self._more = False
@@ -108,14 +113,16 @@ class LineReader(asyncio.BufferedProtocol):
             self._scanned = self._end
 
     def more(self) -> bool:
-        """Whether another whole line was read behind the one ``on_line`` is handling."""
+        """Whether another line may be fed before a task created for the one ``on_line`` is
+        handling runs: a whole one was read behind it, or the read filled its room."""
         return self._more
 
     def data_received(self, data: bytes) -> None:
-        """Take bytes from a transport that does not read into ``get_buffer``."""
+        """Take bytes from a transport that does not read into ``get_buffer`` (or a thread
+        reading a file, whose full chunk may have another queued behind it)."""
         with self.get_buffer(len(data)) as room:
             room[: len(data)] = data
-        self.buffer_updated(len(data))
+        self._lines(len(data), len(data) >= CHUNK)
 
     def eof_received(self) -> bool:
         if self._discarding:

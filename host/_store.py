@@ -182,11 +182,11 @@ class Store:
         """The open session, when a call may write it at once without taking its lock.
 
         That is when nobody holds or awaits its lock, no call is read but not yet started
-        (it may be bound for this session, ahead of the caller), and the session's rows
-        are not stale (a failed batch); else ``None``: take the lock (which also opens and
-        reconciles).
+        (it may be bound for this session, ahead of the caller), and no session's rows are
+        stale (a failed batch: :meth:`open_session` waits for the index to settle, which
+        may fail the call); else ``None``: take the lock (which also opens and reconciles).
         """
-        if UNSTARTED[0] or session_id in self.index.stale or self.locks.users(session_id):
+        if UNSTARTED[0] or self.index.stale or self.locks.users(session_id):
             return None
         return self._open.get(session_id)
 

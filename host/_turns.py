@@ -206,15 +206,18 @@ class TurnMethods:
         thread proves it JSON and finds its head while the loop writes it into the spare,
         so a 1 MB snapshot is scanned once, beside its write. Only for what a streaming
         reply does over and over: its session open and idle, the checkpoint in the file
-        its own turn's (or none, and known without a read), fsyncs fast, up to 1 MiB. So
-        nothing but the spare, which nothing reads, is touched before the message is known
-        to be JSON; one that is not gets ``None``, and the answer the whole line gets.
+        its own turn's (or none, and known without a read), fsyncs fast, a message over
+        64 KiB (``SCAN_APART``) and up to 1 MiB. So nothing but the spare, which nothing
+        reads, is touched before the message is known to be JSON; one that is not gets
+        ``None``, and the answer the whole line gets.
         """
-        store, sid = self.store, p.session_id
+        store, sid, size = self.store, p.session_id, len(p.message)
         if store.idle_session(sid) is None or not self.checkpoints.knows(sid):
             return None
         old = self.checkpoints.ids(sid)
-        if (old is not None and old[0] != p.turn_id) or not store.can_write_now(len(p.message)):
+        if (old is not None and old[0] != p.turn_id) or not store.can_write_now(size):
+            return None
+        if size <= SCAN_APART:  # the awaited way scans it first, and times the whole save
             return None
         # The scan starts once the spare is open, right before the write that holds no GIL:
         # started sooner, it takes the GIL while the loop is in open() and keeps it for
@@ -233,10 +236,13 @@ class TurnMethods:
             if head is None:  # not JSON: that is the answer, not the failed write
                 return None
             raise
-        head = scans[0].result()  # begun before the write: as good as done
-        if head is None:
-            return None
-        store.fsyncs.note(time.perf_counter() - t0)
+        took = time.perf_counter() - t0
+        scan = scans[0]  # begun before the write: as good as done
+        if scan.exception() is None and scan.result() is None:
+            return None  # not JSON: the awaited way would not have written it
+        store.fsyncs.note(took)  # as the awaited way times its write
+        head = scan.result()  # or the head's error
+        assert head is not None
         if self._late(sid, head):
             return SavedResult(saved=False)
         self.checkpoints.install(sid, p.turn_id, head.id)

@@ -184,3 +184,19 @@ def test_more_tells_whether_another_whole_line_was_read_behind() -> None:
     _read_into(reader, b"\n")
     assert seen[-1] == (b"d", False)
     assert not reader.more()
+
+
+def test_a_read_that_filled_its_room_may_have_more_behind_it() -> None:
+    # uvloop reads again in the same pass when a read filled the buffer it was given, so
+    # the next line may be fed before a task created for this one runs.
+    seen: list[tuple[bytes, bool]] = []
+    reader = LineReader(lambda line: seen.append((line, reader.more())))  # type: ignore[arg-type]
+    with reader.get_buffer(-1) as room:
+        size = len(room)
+        room[:] = b"x" * (size - 1) + b"\n"
+    reader.buffer_updated(size)
+    assert seen == [(b"x" * (size - 1), True)]
+    # A thread feeding a file: a full chunk may have another queued behind it.
+    reader.data_received(b"y" * (CHUNK - 1) + b"\n")
+    reader.data_received(b"z\n")
+    assert seen[1:] == [(b"y" * (CHUNK - 1), True), (b"z", False)]

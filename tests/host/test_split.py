@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +26,11 @@ from hypothesis import strategies as st
 from host import Host
 from host._endpoint import Connection, _split
 from host._errors import Conflict, InvalidParams
+from host._framing import LineReader
 from host._turns import _proof
 from tests.e2e.test_fuzz import json_values
 from tests.host.inproc import FaultyFileSystem
+from tests.host.test_deferred_index import FailingCommits
 from tests.host.test_endpoint import FakeWriter, line
 from tests.host.test_one_pass import two_phase
 
@@ -214,3 +217,64 @@ async def test_a_failed_write_of_a_snapshot_saved_at_once_leaves_a_whole_checkpo
         # (its write failed too, when it was tried: a failed swap leaves the checkpoint's
         # ids unknown, and the next snapshot takes the awaited way)
         assert json.loads(path.read_bytes())["message"] == stored
+
+
+async def test_a_snapshot_that_fills_a_read_waits_for_a_cancel_read_behind_it(
+    tmp_path: Path,
+) -> None:
+    """uvloop reads the cancel in the same pass, before the call's task would start: the
+    cancel must find the call not started, as it does when the line is not split."""
+    async with Host.open(str(tmp_path / "data")) as host:
+        writer = FakeWriter()
+        conn = Connection(host.handlers, host.stats, writer, host.immediate, host.split)
+        reader = LineReader(conn.feed)
+        conn.more = reader.more
+        reader.data_received(line("handshake", {"protocolVersion": 11}, 0) + b"\n")
+        reader.data_received(line("session.create", {"sessionId": "s"}, "create") + b"\n")
+        first = {"sessionId": "s", "message": {"id": "u1", "role": "user", "content": "x"}}
+        reader.data_received(line("session.appendMessage", first, "u1") + b"\n")  # opens it
+        await conn.finish()
+        with reader.get_buffer(-1) as room:
+            size = len(room)
+            message = {"id": "a1", "role": "assistant", "content": ""}
+            message["content"] = "x" * (size - len(save(message, 1)) - 1)
+            room[:] = save(message, 1) + b"\n"
+        reader.buffer_updated(size)  # exactly its room: more may be waiting
+        assert 1 not in writer.replies()
+        cancel = {"jsonrpc": "2.0", "id": 2, "method": "$/cancelRequest", "params": {"id": 1}}
+        reader.data_received(msgspec.json.encode(cancel) + b"\n")
+        await conn.finish()
+        assert writer.replies()[1]["error"]["data"]["code"] == "REQUEST_CANCELLED"
+        assert not (tmp_path / "data" / "sessions" / "s.inflight.json").exists()
+
+
+async def test_a_snapshot_is_not_saved_at_once_while_any_sessions_rows_are_stale(
+    tmp_path: Path,
+) -> None:
+    """The awaited way first waits for the index to settle, which may fail the call."""
+    fs = FailingCommits()
+    async with Host.open(str(tmp_path / "data"), fs) as host:
+        writer = FakeWriter()
+        conn = Connection(host.handlers, host.stats, writer, host.immediate, host.split)
+        conn.more = lambda: False
+        conn.feed(line("handshake", {"protocolVersion": 11}, 0))
+        for sid in ("s", "s2"):
+            conn.feed(line("session.create", {"sessionId": sid}, sid))
+            message = {"id": f"u-{sid}", "role": "user", "content": "x"}
+            conn.feed(line("session.appendMessage", {"sessionId": sid, "message": message}, sid))
+            await conn.finish()
+        fs.fail = 1000  # every index transaction from now on
+        message = {"id": "m2", "role": "user", "content": "x"}
+        conn.feed(line("session.appendMessage", {"sessionId": "s2", "message": message}, "m2"))
+        await conn.finish()
+        with pytest.raises(sqlite3.OperationalError):
+            await host.store.index.settle()  # its row's batch failed: s2 is stale
+        assert host.store.index.stale == {"s2"}
+        message = {"id": "m3", "role": "user", "content": "x"}
+        conn.feed(line("session.appendMessage", {"sessionId": "s", "message": message}, "m3"))
+        await conn.finish()  # stored, its row queued
+        conn.feed(save({"id": "a1", "role": "assistant", "content": "x" * (1 << 17)}, 1))
+        assert 1 not in writer.replies()  # awaited: it waits for the index first
+        await conn.finish()
+        assert writer.replies()[1]["error"]["data"]["code"] == "STORAGE_ERROR"
+        assert not (tmp_path / "data" / "sessions" / "s.inflight.json").exists()
