@@ -120,8 +120,9 @@ class Connection:
         """Calls done at once with their message split off their line (:func:`_split`):
         the call proves it JSON, and gives ``None`` when it is not."""
         self.more: Callable[[], bool] = _unknown
-        """Whether another whole line was read behind the one being fed (its reader sets
-        it); a call is done at once only when none was, so a backlog still forms groups."""
+        """Whether another line may be fed before a task made for this one would run (its
+        reader sets it: ``LineReader.more``); a call is done at once only when not, so a
+        backlog still forms groups and a line read behind still finds the call queued."""
         self.handshaken = False
         self.calls: dict[Hashable, CallState] = {}
         self.tasks: set[asyncio.Future[Any]] = set()
