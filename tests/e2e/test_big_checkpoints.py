@@ -6,9 +6,10 @@ write must still leave the checkpoint as it was, and every answer must be the on
 call with a small snapshot gets. The file has no ``messageId`` now; one written before
 (with it) must still be read and promoted.
 
-A line sent as the outbox sends it (``id`` before ``params``, ``message`` last) is split
-(``host._endpoint._split``): its message is not even proved JSON before it is written.
-Each such line must get the answer the same request sent the other way round gets.
+A line sent as the outbox sends it (``id`` before ``params``, ``message`` last) that
+arrives alone is split (``host._endpoint._split``) and saved at once: its message is not
+even proved JSON before it is written. Each such line must get the answer the same
+request sent the other way round gets, and leave the same files.
 """
 
 from __future__ import annotations
