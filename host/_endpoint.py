@@ -250,7 +250,7 @@ class Connection:
         """Do a call at once and answer it; ``False`` when it must take the awaited way.
 
         Only with nothing of this connection in flight, so the answer goes out first in
-        line; its result is small (an append's), so it needs no 64 MiB check.
+        line; its result is small (an append's or a save's), so it needs no 64 MiB check.
         """
         t0 = time.perf_counter()
         try:

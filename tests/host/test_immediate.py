@@ -21,8 +21,9 @@ from tests.host.test_endpoint import FakeWriter, line
 
 
 def _connect(host: Host, *, more: bool) -> tuple[Connection, FakeWriter]:
+    """The endpoint as a transport wires it (every call done at once it may do)."""
     writer = FakeWriter()
-    conn = Connection(host.handlers, host.stats, writer, host.immediate)
+    conn = Connection(host.handlers, host.stats, writer, host.immediate, host.split)
     conn.more = lambda: more
     return conn, writer
 

@@ -32,6 +32,7 @@ from tests.e2e.test_fuzz import json_values
 from tests.host.inproc import FaultyFileSystem
 from tests.host.test_deferred_index import FailingCommits
 from tests.host.test_endpoint import FakeWriter, line
+from tests.host.test_immediate import _connect
 from tests.host.test_one_pass import two_phase
 
 METHOD = "session.saveInflightMessage"
@@ -144,6 +145,16 @@ def test_a_valid_snapshot_sent_message_last_is_split(message: dict[str, Any], ri
     assert msgspec.json.decode(req[1].message) == message
 
 
+async def _streaming(host: Host) -> tuple[Connection, FakeWriter]:
+    """A connection with nothing read behind each line, on session s with turn t begun."""
+    conn, writer = _connect(host, more=False)
+    conn.feed(line("handshake", {"protocolVersion": 11}, 0))
+    conn.feed(line("session.create", {"sessionId": "s"}, "create"))
+    conn.feed(line("session.beginTurn", {"sessionId": "s", "turnId": "t"}, "begin"))
+    await conn.finish()
+    return conn, writer
+
+
 def save(message: dict[str, Any], rid: int) -> bytes:
     params = {"sessionId": "s", "turnId": "t", "message": message}
     return msgspec.json.encode({"jsonrpc": "2.0", "id": rid, "method": METHOD, "params": params})
@@ -153,14 +164,9 @@ async def test_a_snapshot_alone_is_saved_at_once_one_with_a_line_behind_it_is_no
     tmp_path: Path,
 ) -> None:
     async with Host.open(str(tmp_path / "data")) as host:
-        writer = FakeWriter()
-        conn = Connection(host.handlers, host.stats, writer, host.immediate, host.split)
+        conn, writer = await _streaming(host)
         behind = False
         conn.more = lambda: behind
-        conn.feed(line("handshake", {"protocolVersion": 11}, 0))
-        conn.feed(line("session.create", {"sessionId": "s"}, "create"))
-        conn.feed(line("session.beginTurn", {"sessionId": "s", "turnId": "t"}, "begin"))
-        await conn.finish()
         path = tmp_path / "data" / "sessions" / "s.inflight.json"
         for rid, behind in enumerate([True, False, False, True], start=1):
             message = {"id": "a1", "role": "assistant", "content": str(rid) * (1 << 17)}
@@ -189,12 +195,7 @@ async def test_a_failed_write_of_a_snapshot_saved_at_once_leaves_a_whole_checkpo
     JSON is a parse error, whatever its write did."""
     fs = FaultyFileSystem(fail_at, errno.ENOSPC)
     async with Host.open(str(tmp_path / "data"), fs) as host:
-        writer = FakeWriter()
-        conn = Connection(host.handlers, host.stats, writer, host.immediate, host.split)
-        conn.more = lambda: False
-        conn.feed(line("handshake", {"protocolVersion": 11}, 0))
-        conn.feed(line("session.create", {"sessionId": "s"}, "create"))
-        conn.feed(line("session.beginTurn", {"sessionId": "s", "turnId": "t"}, "begin"))
+        conn, writer = await _streaming(host)
         old = {"id": "a1", "role": "assistant", "content": "o" * (1 << 17)}
         conn.feed(save(old, 1))
         await conn.finish()
@@ -225,8 +226,7 @@ async def test_a_snapshot_that_fills_a_read_waits_for_a_cancel_read_behind_it(
     """uvloop reads the cancel in the same pass, before the call's task would start: the
     cancel must find the call not started, as it does when the line is not split."""
     async with Host.open(str(tmp_path / "data")) as host:
-        writer = FakeWriter()
-        conn = Connection(host.handlers, host.stats, writer, host.immediate, host.split)
+        conn, writer = _connect(host, more=False)
         reader = LineReader(conn.feed)
         conn.more = reader.more
         reader.data_received(line("handshake", {"protocolVersion": 11}, 0) + b"\n")
@@ -254,9 +254,7 @@ async def test_a_snapshot_is_not_saved_at_once_while_any_sessions_rows_are_stale
     """The awaited way first waits for the index to settle, which may fail the call."""
     fs = FailingCommits()
     async with Host.open(str(tmp_path / "data"), fs) as host:
-        writer = FakeWriter()
-        conn = Connection(host.handlers, host.stats, writer, host.immediate, host.split)
-        conn.more = lambda: False
+        conn, writer = _connect(host, more=False)
         conn.feed(line("handshake", {"protocolVersion": 11}, 0))
         for sid in ("s", "s2"):
             conn.feed(line("session.create", {"sessionId": sid}, sid))
