@@ -41,11 +41,22 @@ if _renameat2 is not None:
 class FileSystem:
     """Thin, synchronous wrappers over the system calls the store makes."""
 
+    copy_fallbacks = 0
+    """Ranges :meth:`copy_range` copied in user space (``host.stats``: a regression shows)."""
+
     def sqlite(self, kind: str) -> None:
         """Called before every index read (``"read"``) and transaction (``"write"``).
 
         It does nothing here; a test's file system raises ``sqlite3.Error`` from it, so
         SQLite failures come through the same seam as the file system's.
+        """
+
+    def sqlite_committed(self, synchronous: int) -> None:
+        """Called after every index commit, with the ``PRAGMA synchronous`` it ran under.
+
+        It does nothing here; the power-cut model keeps what SQLite's documented rule for
+        that level makes durable (in WAL mode: FULL syncs the WAL at each commit, NORMAL
+        only at checkpoints).
         """
 
     def open(self, path: str, flags: int, mode: int = FILE_MODE) -> int:
@@ -87,6 +98,7 @@ class FileSystem:
             except OSError:
                 n = 0
             if n == 0:  # unsupported or short: fall back to user space
+                self.copy_fallbacks += 1
                 chunk = os.pread(src, min(size, 1 << 20), offset)
                 if not chunk:
                     raise OSError(5, f"source ended {size} bytes early")

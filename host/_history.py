@@ -411,6 +411,7 @@ class HistoryMethods:
             await self._at("intent-recorded")
 
             async def cut_and_index() -> None:
+                await self.store.index.mark_dirty(sid)
                 if intent is None:
                     await asyncio.to_thread(self.store.cut_file, s, step.offset)
                 else:

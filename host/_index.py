@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import datetime as dt
 import logging
 import os
@@ -34,6 +35,7 @@ import aiosqlite
 
 from host._fs import FileSystem
 from host._transcript import FileStamp
+from host._turnlog import TurnRecord
 
 log = logging.getLogger("host.index")
 
@@ -81,6 +83,17 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX turns_running ON turns (session_id) WHERE status = 'running';
         """,
     ),
+    (
+        # dirty: a change other than an append may have reached the transcript since the
+        # rows were last committed (set durably before it, see Index.mark_dirty).
+        # turns_size: how much of the session's turn log the turns table holds.
+        "0002-dirty-turn-log",
+        """
+        ALTER TABLE sessions ADD COLUMN dirty INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE sessions ADD COLUMN turns_size INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE turns ADD COLUMN prompt_id TEXT;
+        """,
+    ),
 ]
 
 
@@ -109,6 +122,8 @@ class SessionRow:
     byte_size: int
     file_ino: int
     file_mtime_ns: int
+    dirty: int = 0
+    turns_size: int = 0
 
     def matches(self, stamp: FileStamp) -> bool:
         """Whether the file is exactly as the index last recorded it."""
@@ -121,7 +136,8 @@ class SessionRow:
 
 _ROW_COLS = "line, message_id, offset, length, role, turn_id, status, pager"
 _SESSION_COLS = (
-    "session_id, title, created_at, updated_at, line_count, byte_size, file_ino, file_mtime_ns"
+    "session_id, title, created_at, updated_at, line_count, byte_size, file_ino, file_mtime_ns,"
+    " dirty, turns_size"
 )
 
 
@@ -270,6 +286,7 @@ class Index:
         self.error: BaseException | None = None
         self.stale: set[str] = set()
         """Sessions whose queued rows failed to commit: reconcile them before use."""
+        self._full = self._normal = 0  # PRAGMA synchronous's levels, as SQLite reports them
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -299,7 +316,8 @@ class Index:
     async def _setup(self) -> None:
         async with self._lock:
             await self._conn.execute("PRAGMA journal_mode=WAL")
-            await self._conn.execute("PRAGMA synchronous=NORMAL")
+            self._full = await self._synchronous("FULL")
+            self._normal = await self._synchronous("NORMAL")
             await self._conn.execute(_MIGRATIONS_TABLE)
             done = {r[0] for r in await self._conn.execute_fetchall("SELECT name FROM migrations")}
             for name, sql in MIGRATIONS:
@@ -316,6 +334,12 @@ class Index:
                 except BaseException:
                     await asyncio.shield(self._conn.execute("ROLLBACK"))
                     raise
+
+    async def _synchronous(self, level: str) -> int:
+        """Set ``PRAGMA synchronous``; return the level SQLite reports in force (0-3)."""
+        await self._conn.execute(f"PRAGMA synchronous={level}")
+        rows = list(await self._conn.execute_fetchall("PRAGMA synchronous"))
+        return int(rows[0][0])
 
     # -- queued appends -----------------------------------------------------------------
 
@@ -486,23 +510,49 @@ class Index:
     # -- transactions ---------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def transaction(self) -> AsyncIterator[aiosqlite.Connection]:
-        """Run statements in one transaction, after the queued rows; failure rolls back."""
+    async def transaction(self, *, durable: bool = False) -> AsyncIterator[aiosqlite.Connection]:
+        """Run statements in one transaction, after the queued rows; failure rolls back.
+
+        ``durable``: committed with ``synchronous=FULL``, so the WAL is fsynced before the
+        commit returns, and with it every commit before this one (the WAL is one file,
+        written in order). Others are ``NORMAL``: a power cut may take them back.
+        """
         await self.settle()
-        async with self._transaction() as db:
+        async with self._transaction(durable=durable) as db:
             yield db
 
     @contextlib.asynccontextmanager
-    async def _transaction(self) -> AsyncIterator[aiosqlite.Connection]:
+    async def _transaction(self, *, durable: bool = False) -> AsyncIterator[aiosqlite.Connection]:
         async with self._lock:
             self.fs.sqlite("write")
-            await self._conn.execute("BEGIN IMMEDIATE")
+            if durable:
+                await self._conn.execute("PRAGMA synchronous=FULL")
             try:
-                yield self._conn
-                await self._conn.execute("COMMIT")
-            except BaseException:
-                await asyncio.shield(self._rollback())
-                raise
+                await self._conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._conn
+                    await self._conn.execute("COMMIT")
+                except BaseException:
+                    await asyncio.shield(self._rollback())
+                    raise
+                self.fs.sqlite_committed(self._full if durable else self._normal)
+            finally:
+                if durable:
+                    await asyncio.shield(self._conn.execute("PRAGMA synchronous=NORMAL"))
+
+    async def mark_dirty(self, session_id: str) -> None:
+        """Record, durably, that a change other than an append is about to reach the transcript.
+
+        Called before the file is changed (a rewrite, a cut, a delete, a rescan that may
+        mend it); the commit that indexes the change clears it. A power cut may take back
+        any commit made without a sync (``synchronous=NORMAL``), several at once; this one
+        is synced, so a start that finds the mark cannot trust the session's rows and
+        rescans its file, and one that does not find it knows the rows describe every
+        byte of the transcript they cover: since they were committed, only appends can
+        have reached it.
+        """
+        async with self.transaction(durable=True) as db:
+            await db.execute("UPDATE sessions SET dirty = 1 WHERE session_id = ?", (session_id,))
 
     async def _rollback(self) -> None:
         if self._conn.in_transaction:
@@ -604,51 +654,54 @@ class Index:
 
     # -- writes ---------------------------------------------------------------------
 
-    async def begin_turn(self, session_id: str, turn_id: str, now: str) -> None:
-        """Record a new running turn."""
+    async def record_turns(
+        self,
+        session_id: str,
+        records: Sequence[TurnRecord],
+        log_size: int,
+        *,
+        whole: bool = False,
+    ) -> None:
+        """Apply turn changes in their log's order; the log is ``log_size`` bytes with them.
+
+        ``whole``: the records are the whole log, so the session's turns are made anew.
+        """
         async with self.transaction() as db:
+            if whole:
+                await db.execute("DELETE FROM turns WHERE session_id = ?", (session_id,))
+            for rec in records:
+                await _apply_turn(db, session_id, rec)
             await db.execute(
-                "INSERT INTO turns VALUES (?, ?, 'running', ?, NULL)", (session_id, turn_id, now)
+                "UPDATE sessions SET turns_size = ? WHERE session_id = ?", (log_size, session_id)
             )
 
-    async def end_turn(self, session_id: str, turn_id: str, status: str, now: str) -> None:
-        """Record the end of a turn."""
-        async with self.transaction() as db:
-            await db.execute(
-                "UPDATE turns SET status = ?, ended_at = ? WHERE session_id = ? AND turn_id = ?",
-                (status, now, session_id, turn_id),
-            )
+    async def prompt_stored(self, session_id: str, turn_id: str) -> None:
+        """The turn's prompt reached the transcript: never take the turn for one that died
+        inside ``beginTurn``, even once its prompt is deleted.
 
-    async def forget_turn(self, session_id: str, turn_id: str) -> None:
-        """Remove a turn whose beginning failed half-way."""
+        Not synced: a change that removes the prompt later marks its session dirty with a
+        synced commit (:meth:`mark_dirty`), which makes this one durable too.
+        """
         await self.execute(
-            "DELETE FROM turns WHERE session_id = ? AND turn_id = ?", (session_id, turn_id)
+            "UPDATE turns SET prompt_id = NULL WHERE session_id = ? AND turn_id = ?",
+            (session_id, turn_id),
         )
 
-    async def abort_running_turns(self, now: str) -> list[tuple[str, str]]:
-        """End every running turn as aborted (start-up); return ``(session, turn)`` pairs."""
-        rows = await self._fetch("SELECT session_id, turn_id FROM turns WHERE status = 'running'")
-        if rows:
-            await self.execute(
-                "UPDATE turns SET status = 'aborted', ended_at = ? WHERE status = 'running'", (now,)
-            )
-        return [(str(a), str(b)) for a, b in rows]
+    async def running_turns(self) -> list[tuple[str, str, str | None]]:
+        """``(session, turn, prompt id)`` of every running turn (the prompt's id until it is
+        stored: see :meth:`prompt_stored`)."""
+        rows = await self._fetch(
+            "SELECT session_id, turn_id, prompt_id FROM turns WHERE status = 'running'"
+            " ORDER BY session_id, turn_id"
+        )
+        return [(str(a), str(b), c) for a, b, c in rows]
 
     async def create_session(self, row: SessionRow) -> None:
         """Insert a new session."""
         async with self.transaction() as db:
             await db.execute(
-                f"INSERT INTO sessions ({_SESSION_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    row.session_id,
-                    row.title,
-                    row.created_at,
-                    row.updated_at,
-                    row.line_count,
-                    row.byte_size,
-                    row.file_ino,
-                    row.file_mtime_ns,
-                ),
+                f"INSERT INTO sessions ({_SESSION_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                dataclasses.astuple(row),
             )
 
     async def delete_session(self, session_id: str) -> None:
@@ -701,6 +754,24 @@ class Index:
             return cur.rowcount
 
 
+async def _apply_turn(db: aiosqlite.Connection, session_id: str, rec: TurnRecord) -> None:
+    """Apply one turn change to the turn table (replayed from the log in its order)."""
+    if rec.status == "running":
+        await db.execute(
+            "INSERT OR IGNORE INTO turns VALUES (?, ?, 'running', ?, NULL, ?)",
+            (session_id, rec.turn_id, rec.at, rec.prompt_id),
+        )
+    elif rec.status == "void":
+        await db.execute(
+            "DELETE FROM turns WHERE session_id = ? AND turn_id = ?", (session_id, rec.turn_id)
+        )
+    else:
+        await db.execute(
+            "UPDATE turns SET status = ?, ended_at = ? WHERE session_id = ? AND turn_id = ?",
+            (rec.status, rec.at, session_id, rec.turn_id),
+        )
+
+
 _LOOKUP = "SELECT message_id, line FROM messages WHERE session_id = ? AND message_id IN (%s)"
 _KNOWN = "SELECT message_id, line FROM messages WHERE session_id = ? LIMIT ?"
 _SET_FILE = (
@@ -717,4 +788,6 @@ def _file_params(q: _Queued, now: str = "") -> tuple[Any, ...]:
 async def _set_file(
     db: aiosqlite.Connection, session_id: str, stamp: FileStamp, line_count: int, now: str
 ) -> None:
+    """Record the file as the rows now describe it, whatever changed it: no longer dirty."""
     await db.execute(_SET_FILE, _file_params(_Queued(session_id, (), stamp, line_count, now)))
+    await db.execute("UPDATE sessions SET dirty = 0 WHERE session_id = ?", (session_id,))

@@ -7,6 +7,7 @@ DIR/sessions/<id>.meta.json           title and creation time
 DIR/sessions/<id>.inflight.json       the streaming checkpoint (ADR 0153)
 DIR/sessions/<id>.inflight.spare      the checkpoint before it: the next one's temp file
 DIR/sessions/<id>.intent.json         a truncation in progress (ADR 0216)
+DIR/sessions/<id>.turns.log           the turn log (the turn table is derived from it)
 DIR/sessions/<id>.jsonl.quarantine    corrupt lines moved aside at start
 DIR/sessions/<id>.jsonl.deleted       the transcript of a session being deleted
 DIR/revisions/<id>/<rootId>/          archived regenerate branches (ADR 0060)
@@ -37,7 +38,14 @@ def check_id(value: str, what: str = "id") -> str:
     return value
 
 
-_LEFTOVERS = (".jsonl.deleted", ".meta.json", ".inflight.json", ".intent.json", ".jsonl.quarantine")
+_LEFTOVERS = (
+    ".jsonl.deleted",
+    ".meta.json",
+    ".inflight.json",
+    ".intent.json",
+    ".turns.log",
+    ".jsonl.quarantine",
+)
 SPARE = ".inflight.spare"
 """A checkpoint's spare: a temp file, removed at every start with the ``*.tmp`` files."""
 
@@ -84,6 +92,9 @@ class Layout:
     def intent(self, session_id: str) -> str:
         return self._session_file(session_id, ".intent.json")
 
+    def turns(self, session_id: str) -> str:
+        return self._session_file(session_id, ".turns.log")
+
     def quarantine(self, session_id: str) -> str:
         return self._session_file(session_id, ".jsonl.quarantine")
 
@@ -103,6 +114,7 @@ class Layout:
             self.inflight(session_id),
             self.inflight_spare(session_id),
             self.intent(session_id),
+            self.turns(session_id),
         ]
 
     def leftovers(self) -> list[tuple[str, str]]:

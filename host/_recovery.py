@@ -17,6 +17,7 @@ import logging
 import os
 import stat
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -145,21 +146,42 @@ def quarantine(store: Store, session_id: str, bad: list[tuple[int, int, bytes, s
     fs.fsync_dir(store.layout.sessions)
 
 
+def _tail_only(store: Store, session_id: str, hint: SessionRow) -> bool:
+    """Whether scanning what lies past the indexed bytes is enough.
+
+    Only when the rows are known to describe every byte they cover: no change but an
+    append can have reached the file since they were committed (the session is not
+    dirty: see ``Index.mark_dirty``). The file must also have grown, on the same inode,
+    with a newline where the rows end; those alone prove nothing (a power cut can take
+    back several commits, ext4 reuses a freed inode at once, lines can be of one width),
+    but anything else is a change the rows cannot describe.
+    """
+    if hint.dirty:
+        return False
+    t = Transcript(store.fs, store.layout.transcript(session_id))
+    try:
+        st = t.stamp()
+        return (
+            hint.file_ino == st.ino
+            and 0 < hint.byte_size < st.size
+            and t.read(hint.byte_size - 1, 1) == b"\n"
+        )
+    finally:
+        t.close()
+
+
 def _repair_file(
-    store: Store, session_id: str, full: bool, hint: SessionRow | None
+    store: Store, session_id: str, hint: SessionRow | None, tail: bool
 ) -> tuple[Scan, int, FileStamp]:
-    """Scan and mend one transcript in place; return the scan, its first line and the stamp."""
+    """Scan and mend one transcript in place; return the scan, its first line and the stamp.
+
+    ``tail``: scan only past the indexed bytes (see :func:`_tail_only`).
+    """
     t = Transcript(store.fs, store.layout.transcript(session_id))
     try:
         st = t.stamp()
         start_off, start_line = 0, 0
-        if (
-            not full
-            and hint is not None
-            and hint.file_ino == st.ino
-            and 0 < hint.byte_size < st.size  # grew: only then is a tail scan enough
-            and t.read(hint.byte_size - 1, 1) == b"\n"
-        ):
+        if tail and hint is not None:
             start_off, start_line = hint.byte_size, hint.line_count
         known: set[str] = set()
         result = scan(t, start_off, start_line, known)
@@ -205,7 +227,14 @@ async def reconcile(
 ) -> None:
     """Bring one session's index rows in line with its transcript."""
     hint = await store.index.session(session_id)
-    result, start_line, stamp = await asyncio.to_thread(_repair_file, store, session_id, full, hint)
+    tail = False
+    if hint is not None and not full:
+        tail = await asyncio.to_thread(_tail_only, store, session_id, hint)
+    if hint is not None and not tail:
+        # A whole scan may rewrite the file (a bad line quarantined): its rows can then be
+        # trusted only once the commit after it is; until then the mark says rescan.
+        await store.index.mark_dirty(session_id)
+    result, start_line, stamp = await asyncio.to_thread(_repair_file, store, session_id, hint, tail)
     if start_line > 0:
         # A tail scan knows only the tail's ids: a line repeating an older id is bad too.
         dupes = [r for r in result.rows if await store.index.lookup(session_id, r.message_id)]
@@ -274,8 +303,29 @@ def remove_temp_files(store: Store) -> int:
     return n
 
 
-async def recover(store: Store, *, full: bool = False) -> Report:
-    """Run start-up recovery over the whole data dir; ``full`` rescans every transcript."""
+async def reconcile_turns(store: Store, session_id: str, row: SessionRow | None) -> None:
+    """Bring the session's turn table in line with its turn log (the truth).
+
+    The log is only appended to, so what the index holds of it is its first
+    ``turns_size`` bytes: only what lies past them is replayed (a power cut took back
+    the commits that held it), unless the log is not the one the index saw.
+    """
+    held = row.turns_size if row is not None else 0
+    size = await asyncio.to_thread(store.turnlog.size, session_id)
+    if size == held and row is not None:
+        return
+    whole = size < held or row is None
+    records, end = await asyncio.to_thread(store.turnlog.read, session_id, 0 if whole else held)
+    await store.index.record_turns(session_id, records, end, whole=whole)
+    log.info("session %s: %d turn change(s) replayed from its log", session_id, len(records))
+
+
+async def recover(store: Store, *, full: bool = False, rescan: Collection[str] = ()) -> Report:
+    """Run start-up recovery over the whole data dir.
+
+    ``full`` rescans every transcript, ``rescan`` those of these sessions (a change
+    finished at start reached their files).
+    """
     report = Report()
     report.temp_files_removed = remove_temp_files(store)
     on_disk = set(store.layout.transcript_ids(report=True))
@@ -297,12 +347,11 @@ async def recover(store: Store, *, full: bool = False) -> Report:
                 report.indexed_lines,
             )
         row = indexed.get(sid)
-        if full or row is None:
+        if full or row is None or row.dirty or sid in rescan:
             await reconcile(store, sid, full=True, report=report)
-            continue
-        st = FileStamp.of(os.stat(store.layout.transcript(sid)))
-        if not row.matches(st):
+        elif not row.matches(FileStamp.of(os.stat(store.layout.transcript(sid)))):
             await reconcile(store, sid, report=report)
+        await reconcile_turns(store, sid, None if full else row)
     for name, value in report.as_counters().items():
         store.counters[name] = store.counters.get(name, 0) + value
     return report

@@ -113,7 +113,7 @@ class Host:
         host = cls(store, Report())
         await asyncio.to_thread(store.remove_leftovers)  # before anything reads them
         intents = await asyncio.to_thread(host.history.apply_intent_files)
-        host.report = report = await recover(store)
+        host.report = report = await recover(store, rescan={i.session_id for i in intents})
         await host.history.finish_intents(intents)
         await host.turns.recover_at_start()
         await asyncio.to_thread(_sweep_archives, store)
@@ -135,6 +135,7 @@ class Host:
         counters["locks.held"] = len(self.store.locks)
         counters["index.batches"] = self.store.index.batches
         counters["fsyncs.onLoop"] = int(self.store.fsyncs.inline)
+        counters["rewrites.copyFallbacks"] = self.store.fs.copy_fallbacks
         return StatsResult(
             uptime_seconds=time.monotonic() - self.stats.started,
             counters=counters,

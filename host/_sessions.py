@@ -80,6 +80,7 @@ class SessionMethods:
             def make_files() -> FileStamp:
                 self.store.intents.clear(sid)  # a deleted session's, its removal failed
                 fs.write_atomic(layout.meta(sid), meta)
+                self.store.turnlog.create(sid)  # its name made durable with the transcript's
                 t = Transcript.create(fs, layout.transcript(sid))
                 try:
                     return t.stamp()
@@ -114,6 +115,7 @@ class SessionMethods:
         async with self.store.locks.hold(sid):
             await self.store.open_session(sid)  # NOT_FOUND for an absent session
             self.store.forget(sid)
+            await self.store.index.mark_dirty(sid)  # a same-id session may follow its rows
             await asyncio.to_thread(self.store.bury, sid)  # the commit
             try:
                 await self.store.index.delete_session(sid)

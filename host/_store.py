@@ -33,6 +33,7 @@ from host._layout import Layout
 from host._locks import UNSTARTED, LockTable
 from host._messages import Message, pager_json, valid_line
 from host._transcript import Piece, Rewrite, Transcript
+from host._turnlog import TurnLog, TurnRecord, TurnStatus
 
 log = logging.getLogger("host.store")
 BIG_WRITE = 1 << 20  # appends larger than this are written off the loop
@@ -135,6 +136,7 @@ class Store:
         self.archive = Archive(layout, self.fs)
         self.checkpoints = Checkpoints(layout, self.fs)
         self.intents = Intents(layout, self.fs, self.archive)
+        self.turnlog = TurnLog(layout, self.fs)
         self._open: dict[str, OpenSession] = {}
         self.fsyncs = FsyncPolicy()
         self.scans = ThreadPoolExecutor(1, thread_name_prefix="host-scan")
@@ -285,6 +287,28 @@ class Store:
             self.index.queue_append(s.session_id, rows, stamp, count)
         return self._appended(s, rows, pos)
 
+    async def record_turn(
+        self, session_id: str, turn_id: str, status: TurnStatus, prompt_id: str | None = None
+    ) -> None:
+        """Log a turn change durably (the answer's fsync), then apply it to the index.
+
+        When the index refuses it, the log's line is taken back: a failed call changes
+        nothing (and if even that fails, the next start replays the line: it is durable).
+        """
+        rec = TurnRecord(turn_id, status, now_iso(), prompt_id)
+        before, after = await asyncio.to_thread(self.turnlog.append, session_id, rec)
+        try:
+            await self.index.record_turns(session_id, [rec], after)
+        except BaseException:
+            await asyncio.shield(asyncio.to_thread(self._take_back_turn, session_id, before))
+            raise
+
+    def _take_back_turn(self, session_id: str, size: int) -> None:
+        try:
+            self.turnlog.cut(session_id, size)
+        except OSError as exc:
+            log.error("session %s: a failed turn change stays in its log: %s", session_id, exc)
+
     def can_write_now(self, size: int) -> bool:
         """Whether a durable write of ``size`` bytes may run on the loop: up to
         :data:`BIG_WRITE` while fsyncs are fast (:class:`FsyncPolicy`)."""
@@ -350,6 +374,7 @@ class Store:
         keep_from: int = 0,
     ) -> None:
         """Replace the file by ``pieces`` and the rows from line ``keep_from`` by ``rows``."""
+        await self.index.mark_dirty(s.session_id)
         rw = await asyncio.to_thread(self._rewrite_file, s, pieces)
         self.count("rewrites")
         try:
@@ -369,6 +394,7 @@ class Store:
         """Rewrite exactly one line; every other line is copied byte for byte."""
         end = row.offset + row.length + 1
         pieces: list[Piece] = [(0, row.offset), data + b"\n", (end, s.size - end)]
+        await self.index.mark_dirty(s.session_id)
         rw = await asyncio.to_thread(self._rewrite_file, s, pieces)
         self.count("rewrites")
         try:

@@ -8,6 +8,7 @@ descriptor is kept until the index has followed, so a rewrite can still be undon
 
 from __future__ import annotations
 
+import fcntl
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -81,7 +82,9 @@ class Transcript:
         """Replace the file atomically by ``pieces``; the old descriptor stays open."""
         folder = os.path.dirname(self.path)
         tmp = temp_name(self.path)
-        fd = self.fs.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND)
+        # Not O_APPEND while it is filled: copy_file_range refuses (EBADF) a destination
+        # opened for appending. It becomes the append descriptor once filled.
+        fd = self.fs.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL)
         try:
             for piece in pieces:
                 if isinstance(piece, tuple):
@@ -89,6 +92,7 @@ class Transcript:
                         self.fs.copy_range(self.fd, fd, piece[0], piece[1])
                 else:
                     self.fs.write_all(fd, piece)
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_APPEND)
             self.fs.fsync(fd)
             self.fs.rename(tmp, self.path)
         except BaseException:

@@ -18,7 +18,6 @@ from msgspec import UNSET, Raw
 
 from host._checkpoints import Checkpoint
 from host._errors import AgentBusy, InvalidParams, NotFound, ParseError
-from host._index import now_iso
 from host._messages import Head, Status, incoming_head, parse_incoming, parse_stored
 from host._recovery import quarantine
 from host._sessions import SessionMethods
@@ -89,6 +88,7 @@ class TurnMethods:
                     # ... unless its turn has no prompt: the first call died between its
                     # turn row and its prompt, and answering the retry as a no-op would lie.
                     line, _ = await self.sessions.append_locked(s, prompt, tid)
+                    await index.prompt_stored(sid, tid)
                     return BeginTurnResult(turn_id=tid, line=line)
                 return BeginTurnResult(turn_id=tid, line=row.line if row else UNSET)
             running = await index.running_turn(sid)
@@ -97,14 +97,17 @@ class TurnMethods:
             cp = self.read(sid)
             if cp is not None and cp.turn_id != tid:  # a leftover of an ended turn
                 await self._settle_leftover(sid, wait_completed=False)
-            await index.begin_turn(sid, tid, now_iso())
+            # The turn is logged with its prompt's id first: a start that finds it running
+            # without that prompt stored forgets it (void), so the call is all or nothing.
+            await self.store.record_turn(sid, tid, "running", prompt.id if prompt else None)
             if prompt is None:
                 return BeginTurnResult(turn_id=tid)
             try:
                 line, _ = await self.sessions.append_locked(s, prompt, tid)
             except BaseException:
-                await asyncio.shield(index.forget_turn(sid, tid))
+                await asyncio.shield(self.store.record_turn(sid, tid, "void"))
                 raise
+            await index.prompt_stored(sid, tid)
             return BeginTurnResult(turn_id=tid, line=line)
 
     async def end_turn(self, p: EndTurnParams) -> EndTurnResult:
@@ -123,7 +126,7 @@ class TurnMethods:
                     await asyncio.to_thread(self.checkpoints.remove, sid)
             elif p.recover_inflight and cp is not None and cp.turn_id == tid:
                 recovered = await self.promote(s, cp, "aborted") is not None
-            await self.store.index.end_turn(sid, tid, p.status, now_iso())
+            await self.store.record_turn(sid, tid, p.status)
             return EndTurnResult(status=p.status, recovered=recovered)
 
     async def settle_for_cut(self, s: OpenSession) -> None:
@@ -142,7 +145,7 @@ class TurnMethods:
         elif cp is not None:
             await self.promote(s, cp, "aborted")
         if tid is not None:
-            await self.store.index.end_turn(sid, tid, "aborted", now_iso())
+            await self.store.record_turn(sid, tid, "aborted")
             log.info("session %s: running turn %s ended aborted by a truncation", sid, tid)
 
     # -- checkpoints ----------------------------------------------------------------
@@ -335,7 +338,7 @@ class TurnMethods:
             return await self.promote(s, cp, "complete")
         row = await self.promote(s, cp, "aborted")
         if turn == "running":
-            await self.store.index.end_turn(sid, cp.turn_id, "aborted", now_iso())
+            await self.store.record_turn(sid, cp.turn_id, "aborted")
         return row
 
     async def recover_at_start(self) -> None:
@@ -348,7 +351,15 @@ class TurnMethods:
         ``recoverInflightMessages`` after the drain (or by the next ``beginTurn`` or
         ``truncateFrom`` of that session, which come after it too).
         """
-        for sid, tid in await self.store.index.abort_running_turns(now_iso()):
+        index = self.store.index
+        for sid, tid, prompt_id in await index.running_turns():
+            if prompt_id is not None and await index.lookup(sid, prompt_id) is None:
+                # Logged, but its prompt never reached the transcript: the host died
+                # inside beginTurn, which then never happened.
+                await self.store.record_turn(sid, tid, "void")
+                log.warning("session %s: turn %s died inside beginTurn: forgotten", sid, tid)
+                continue
+            await self.store.record_turn(sid, tid, "aborted")
             log.warning("session %s: turn %s was running at start: now aborted", sid, tid)
             self.store.count("recovery.turns_aborted")
         if self.checkpoints.present:

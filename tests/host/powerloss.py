@@ -6,15 +6,28 @@ store's every file operation goes through the ``FileSystem`` seam, so this class
 them all. ``image()`` writes the data dir as it would be found after the cut: unsynced
 bytes dropped (or torn: half of an unsynced append kept), unsynced names undone.
 
-SQLite is outside the seam; the index is derived, and an image can carry either the
-index as it is or the one from before the write (SQLite with ``synchronous=NORMAL`` may
-lose its last commits on a power cut; start-up must cope with both).
+SQLite is outside the seam, so the model keeps what SQLite's documented rule makes
+durable (sqlite.org/pragma.html#pragma_synchronous, sqlite.org/wal.html): in WAL mode,
+``synchronous=FULL`` syncs the WAL at every commit, and with it every commit before;
+``NORMAL`` syncs it only at a checkpoint, so a power cut may take back *every* commit since
+the last sync, several calls back, or any later prefix of them (the WAL's frames are
+checksummed in order: recovery stops at the first one lost). The index calls
+``FileSystem.sqlite_committed`` after each commit with the level SQLite reported in force;
+the model copies the index files there, and an image picks the last synced copy, a later
+one, or the current files. The ``-shm`` file is never kept: it is shared memory, rebuilt
+from the WAL.
+
+Inode numbers: an image's files are new files, with new numbers. ext4 hands a freed
+inode number to the next file at once, so a transcript rewritten twice can have the number
+the index remembers for an older file; the model assumes the worst and gives every
+index row the number of the file now at its session's path. A file's mtime is as of its
+last fsync (what the journal commits with its data).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
+import sqlite3
 import traceback
 from collections.abc import Sequence
 
@@ -41,7 +54,10 @@ class PowerLossFileSystem(FileSystem):
         self.data: dict[int, bytes] = {}  # identity -> bytes as of its last fsync
         self.names: dict[str, dict[str, int]] = {}  # folder -> {name: identity} as synced
         self.dirs: set[str] = set()
-        self.index_before: dict[str, bytes] = {}
+        self.mtime: dict[int, int] = {}  # identity -> mtime as of its last fsync
+        self.index_synced: dict[str, bytes] = {}  # the index as of SQLite's last sync
+        self.index_commits: list[dict[str, bytes]] = []  # after each commit since then
+        self.commits = self.synced_commits = 0
         for folder, _dirs, files in os.walk(self.root):
             self.dirs.add(folder)
             self.names[folder] = {}
@@ -50,16 +66,31 @@ class PowerLossFileSystem(FileSystem):
                 uid = self._new_uid(os.stat(path).st_ino)
                 with open(path, "rb") as f:
                     self.data[uid] = f.read()
+                self.mtime[uid] = os.stat(path).st_mtime_ns
                 self.names[folder][name] = uid
+        # What a clean stop left (its last checkpoint synced it): durable.
+        self.index_synced = self._index_files()
 
     def arm(self) -> None:
-        """Start counting operations (and remember the index as it was)."""
+        """Start counting operations."""
         self.armed = True
-        for name in INDEX_FILES:
+
+    def _index_files(self) -> dict[str, bytes]:
+        out = {}
+        for name in INDEX_FILES[:2]:  # the database and its WAL; never the -shm
             path = os.path.join(self.root, name)
             if os.path.exists(path):
-                with open(path, "rb") as f:
-                    self.index_before[name] = f.read()
+                out[name] = _read(path)
+        return out
+
+    def sqlite_committed(self, synchronous: int) -> None:
+        self.commits += 1
+        files = self._index_files()
+        if synchronous >= 2:  # FULL or EXTRA: the WAL is synced before the commit returns
+            self.index_synced, self.index_commits = files, []
+            self.synced_commits += 1
+        else:  # NORMAL: in the page cache until a checkpoint
+            self.index_commits.append(files)
 
     def _skipped(self, kind: str) -> bool:
         """Count an fsync of the write under test; whether it is the one to leave out."""
@@ -99,18 +130,22 @@ class PowerLossFileSystem(FileSystem):
         super().fsync(fd)
         if self._skipped("fsync"):
             return  # this fsync "did not happen": nothing becomes durable
-        uid = self.uid[os.fstat(fd).st_ino]
+        self._keep(fd)
+
+    def _keep(self, fd: int) -> None:
+        """The file's bytes and mtime are durable as they are now."""
+        st = os.fstat(fd)
+        uid = self.uid[st.st_ino]
         with open(f"/proc/self/fd/{fd}", "rb") as f:  # fd may be write-only
             self.data[uid] = f.read()
+        self.mtime[uid] = st.st_mtime_ns
 
     def write_synced(self, fd: int, parts: Sequence[Buffer]) -> None:
         self._tick()
         FileSystem.write_synced(self, fd, parts)
         if self._skipped("write_synced"):
             return  # its flush "did not happen": the bytes are only in the page cache
-        uid = self.uid[os.fstat(fd).st_ino]
-        with open(f"/proc/self/fd/{fd}", "rb") as f:
-            self.data[uid] = f.read()
+        self._keep(fd)
 
     def fsync_dir(self, path: str) -> None:
         self._tick()
@@ -136,8 +171,12 @@ class PowerLossFileSystem(FileSystem):
 
     # -- the image ------------------------------------------------------------------
 
-    def image(self, target: str, *, torn: bool = False, stale_index: bool = False) -> None:
-        """Write the data dir as a power cut now would leave it."""
+    def image(self, target: str, *, torn: bool = False, index: str = "current") -> None:
+        """Write the data dir as a power cut now would leave it.
+
+        ``index``: ``"current"`` (every commit survived), ``"synced"`` (every commit since
+        SQLite's last sync lost) or ``"middle"`` (the first half of those survived).
+        """
         os.makedirs(target)
         for folder in sorted(self.dirs):
             rel = os.path.relpath(folder, self.root)
@@ -152,17 +191,39 @@ class PowerLossFileSystem(FileSystem):
                     current = _read(live) if os.path.exists(live) else b""
                     if current.startswith(data) and len(current) > len(data):
                         data = current[: len(data) + (len(current) - len(data)) // 2]
-                with open(os.path.join(out, name), "wb") as f:
+                path = os.path.join(out, name)
+                with open(path, "wb") as f:
                     f.write(data)
-        for name in INDEX_FILES:
-            src = os.path.join(self.root, name)
-            dst = os.path.join(target, name)
-            if stale_index:
-                if name in self.index_before:
-                    with open(dst, "wb") as f:
-                        f.write(self.index_before[name])
-            elif os.path.exists(src):
-                shutil.copyfile(src, dst)
+                if uid in self.mtime:
+                    os.utime(path, ns=(self.mtime[uid], self.mtime[uid]))
+        files = self._index_files()
+        if index == "synced":
+            files = self.index_synced
+        elif index == "middle" and self.index_commits:
+            files = self.index_commits[(len(self.index_commits) - 1) // 2]
+        for name, data in files.items():
+            with open(os.path.join(target, name), "wb") as f:
+                f.write(data)
+        _reuse_inodes(target)
+
+
+def _reuse_inodes(data_dir: str) -> None:
+    """Give every index row the inode number of its session's file (ext4's reuse, at worst)."""
+    path = os.path.join(data_dir, INDEX_FILES[0])
+    if not os.path.exists(path):
+        return
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'sessions'").fetchone():
+            return
+        for (sid,) in conn.execute("SELECT session_id FROM sessions").fetchall():
+            transcript = os.path.join(data_dir, "sessions", f"{sid}.jsonl")
+            if os.path.exists(transcript):
+                ino = os.stat(transcript).st_ino
+                conn.execute("UPDATE sessions SET file_ino = ? WHERE session_id = ?", (ino, sid))
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        conn.close()
 
 
 def _read(path: str) -> bytes:

@@ -3,8 +3,9 @@
 For each write and N = 1, 2, ...: run it on a file system that records what each fsync
 made durable, stop it at its Nth file operation (or let it finish), and build the data
 dir as a power cut would leave it: bytes not fsynced dropped (or half kept: a torn
-append), names whose folder was not fsynced undone, and the index either as it is or as
-it was before the write. Starting a host on that image must give the old state or the
+append), names whose folder was not fsynced undone, and the index as SQLite's rule for its
+``synchronous`` level leaves it: every commit kept, or every one since its last sync lost,
+or a prefix of those kept (``tests/host/powerloss.py``). Starting a host on that image must give the old state or the
 new one, never a third, and once the write has been answered it must give the new one:
 an answer means durable. Removing any fsync from the store makes this fail (see
 ``test_every_fsync_is_needed``).
@@ -65,12 +66,12 @@ async def _sweep(name: str, base: str, tmp: Path, skip_fsync: int = 0) -> list[s
         fs = PowerLossFileSystem(d, crash_at=n, skip_fsync=skip_fsync)
         done = await _run(name, d, fs)
         variants = [
-            ("plain", False, False),
-            ("torn" if n % 2 else "stale-index", n % 2 == 1, n % 2 == 0),
+            ("plain", False, "current"),
+            ("torn", True, "middle") if n % 2 else ("index-synced", False, "synced"),
         ]
-        for label, torn, stale in variants:
+        for label, torn, index in variants:
             img = str(tmp / f"img{n}-{label}")
-            fs.image(img, torn=torn, stale_index=stale)
+            fs.image(img, torn=torn, index=index)
             try:
                 got = await state(img)
             except Exception as exc:  # the host could not even serve it: broken

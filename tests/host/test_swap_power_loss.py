@@ -62,8 +62,8 @@ class Strict(PowerLossFileSystem):
             self.eio_after_fsync_dir = False
             raise OSError(errno.EIO, "Input/output error (after the commit)")
 
-    def image(self, target: str, *, torn: bool = False, stale_index: bool = False) -> None:
-        super().image(target, torn=torn, stale_index=stale_index)
+    def image(self, target: str, *, torn: bool = False, index: str = "current") -> None:
+        super().image(target, torn=torn, index=index)
         path_of = {}
         for folder in self.dirs:
             for name in os.listdir(folder):

@@ -1,0 +1,136 @@
+"""Each session's turn log, ``sessions/<id>.turns.log``: what the turn table is derived from.
+
+A turn change (begin, end, and the start's settlements) is one JSON line appended and
+fsynced before its answer: one fsync per change, and nothing else to wait for, since the
+index's turn table follows it in the same call without a sync of its own. So an answered
+turn change survives a power cut that takes the index's last commits with it, and a lost
+or rebuilt index (the start replays the logs).
+
+The log is only ever appended to: a line once written never changes, so the index keeps
+how many of its bytes it holds (``sessions.turns_size``) and a start replays only what
+lies past that, never the whole history, unless the log is not what the index saw (it is
+shorter: a rebuilt data dir). A last line without its newline was never answered: it is
+cut at start.
+
+A ``beginTurn`` with a prompt logs the turn with its prompt's id first, then appends the
+prompt. A start that finds a running turn whose prompt is not in the transcript (the
+host died between the two) logs it ``void`` and forgets it: the call left nothing, as
+if it had never run.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+import msgspec
+
+from host._fs import FileSystem, open_regular
+from host._layout import Layout
+from host._transcript import iter_lines
+
+TurnStatus = Literal["running", "completed", "aborted", "error", "void"]
+
+
+class TurnRecord(msgspec.Struct, omit_defaults=True, rename="camel"):
+    """One turn change."""
+
+    turn_id: str
+    status: TurnStatus
+    at: str
+    prompt_id: str | None = None
+
+
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder(TurnRecord).decode
+
+
+class TurnLog:
+    """Appends to and reads the turn logs of one data dir's sessions."""
+
+    def __init__(self, layout: Layout, fs: FileSystem) -> None:
+        self.layout = layout
+        self.fs = fs
+
+    def _path(self, session_id: str) -> str:
+        return self.layout.turns(session_id)
+
+    def append(self, session_id: str, record: TurnRecord) -> tuple[int, int]:
+        """Append ``record`` durably; return the log's size before and after it.
+
+        A new log's name is made durable too (its folder fsynced): a session made by
+        ``session.create`` already has its log, so this costs one fsync a change.
+        """
+        path = self._path(session_id)
+        fs = self.fs
+        created = False
+        try:
+            fd = fs.open(path, os.O_WRONLY | os.O_APPEND)
+        except FileNotFoundError:
+            fd = fs.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL)
+            created = True
+        try:
+            before = os.fstat(fd).st_size
+            try:
+                fs.write_all(fd, _encode(record) + b"\n")
+                fs.fsync(fd)
+            except BaseException:
+                fs.ftruncate(fd, before)  # a failed change leaves no half line behind
+                raise
+            after = os.fstat(fd).st_size
+        finally:
+            fs.close(fd)
+        if created:
+            fs.fsync_dir(os.path.dirname(path))
+        return before, after
+
+    def cut(self, session_id: str, size: int) -> None:
+        """Take back what was appended past ``size`` (its change failed in the index)."""
+        fd = self.fs.open(self._path(session_id), os.O_WRONLY)
+        try:
+            self.fs.ftruncate(fd, size)
+            self.fs.fsync(fd)
+        finally:
+            self.fs.close(fd)
+
+    def create(self, session_id: str) -> None:
+        """Make an empty log for a new session (its folder is fsynced by the caller)."""
+        fd = self.fs.open(self._path(session_id), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            self.fs.fsync(fd)
+        finally:
+            self.fs.close(fd)
+
+    def size(self, session_id: str) -> int:
+        """The log's size; 0 when there is none."""
+        try:
+            return os.lstat(self._path(session_id)).st_size
+        except FileNotFoundError:
+            return 0
+
+    def read(self, session_id: str, offset: int = 0) -> tuple[list[TurnRecord], int]:
+        """The records from ``offset`` on, and the size of the whole lines read.
+
+        A torn last line (no newline) is cut off: it was never answered. A line that is
+        not a record is skipped (logged by the caller through the count it did not get).
+        """
+        try:
+            fd = open_regular(self._path(session_id), os.O_RDWR)
+        except FileNotFoundError:
+            return [], 0
+        try:
+            records: list[TurnRecord] = []
+            end = offset
+            for off, raw, complete in iter_lines(self.fs, fd, offset):
+                if not complete:
+                    self.fs.ftruncate(fd, off)
+                    self.fs.fsync(fd)
+                    break
+                end = off + len(raw) + 1
+                try:
+                    records.append(_decode(raw))
+                except msgspec.DecodeError:
+                    continue
+            return records, end
+        finally:
+            os.close(fd)

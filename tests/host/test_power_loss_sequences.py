@@ -1,0 +1,243 @@
+"""Power cuts after several answered calls, with SQLite losing what it really loses.
+
+``test_power_loss.py`` cuts the power inside one write. A real stack loses more: with
+``synchronous=NORMAL`` SQLite may take back every commit since its last WAL sync, several
+calls back (``tests/host/powerloss.py`` says where each rule of the model comes from). So
+here a host runs a sequence of calls on the power-loss model, and after each answered call
+the data dir is imaged as a cut then would leave it: the index as of SQLite's last sync
+(and a prefix of the commits after it), files as of their last fsync, inode numbers
+reused, lines of one width. Started on that image, the host must show exactly what it
+answered: every answered write there once with its bytes, every answered change visible,
+replays deduplicated exactly when the row is stored, ``verify`` clean.
+
+The first sequence is the one an outside power-loss run (LazyFS) found: a retried
+``truncateFrom`` after equal-width appends deleted five acknowledged messages.
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from host._errors import HostError
+from host._verify import verify
+from tests.host.inproc import Client, msg, open_host
+from tests.host.powerloss import PowerLossFileSystem
+
+Step = tuple[str, dict[str, Any]]
+TURNS = ("t1", "t2", "t3")
+
+
+def line(mid: str, role: str = "assistant", **extra: Any) -> dict[str, Any]:
+    """A message whose stored line has the same width as every other of this test's."""
+    return msg(mid, role, content=f"text of {mid}", **extra)
+
+
+def append(mid: str, role: str = "assistant", **extra: Any) -> Step:
+    return "session.appendMessage", {"sessionId": "s", "message": line(mid, role, **extra)}
+
+
+async def _base(data: str, n: int = 10) -> None:
+    """``n`` appends m0000.., then a clean stop (its checkpoint syncs the index)."""
+    async with open_host(data) as call:
+        await call("session.create", sessionId="s")
+        for i in range(n):
+            await call("session.appendMessage", sessionId="s", message=line(f"m{i:04d}"))
+
+
+async def _state(call: Client) -> Any:
+    """What a client sees after the connect sequence: messages, turns, checkpoint."""
+    await call("session.recoverInflightMessages")
+    try:
+        page = await call("session.get", sessionId="s")
+    except HostError as exc:
+        assert exc.to_object()["data"]["code"] == "NOT_FOUND", exc
+        return None
+    turns = {}
+    for tid in TURNS:  # every turn is ended by now: ending it again only reads it
+        try:
+            got = await call("session.endTurn", sessionId="s", turnId=tid, status="completed")
+            turns[tid] = got["status"]
+        except HostError as exc:
+            assert exc.to_object()["data"]["code"] == "NOT_FOUND", exc
+    return [(m["id"], m.get("status"), m.get("content")) for m in page["messages"]], turns
+
+
+async def _started(data: str) -> Any:
+    """Start a host on ``data`` and return its state; ``verify`` must agree with it."""
+    async with open_host(data) as call:
+        state = await _state(call)
+    report = io.StringIO()
+    assert await verify(data, out=report) == 0, report.getvalue()
+    return state
+
+
+async def _expected(base: str, steps: list[Step], tmp: Path) -> list[Any]:
+    """The state after each prefix of ``steps``, with no power cut."""
+    out = []
+    for i in range(len(steps)):
+        d = str(tmp / f"expect{i}")
+        shutil.copytree(base, d)
+        async with open_host(d) as call:
+            for method, params in steps[: i + 1]:
+                await call(method, **params)
+        out.append(await _started(d))
+    return out
+
+
+async def _cut_after_each(base: str, steps: list[Step], tmp: Path) -> list[str]:
+    """Run ``steps`` once on the model; after each answer, image the cut; check every image."""
+    expected = await _expected(base, steps, tmp)
+    run = str(tmp / "run")
+    shutil.copytree(base, run)
+    fs = PowerLossFileSystem(run)
+    images: list[tuple[int, str, str]] = []
+    async with open_host(run, fs) as call:
+        fs.arm()
+        for i, (method, params) in enumerate(steps):
+            await call(method, **params)
+            for index in ("synced", "middle"):
+                img = str(tmp / f"img{i}-{index}")
+                fs.image(img, index=index)
+                images.append((i, index, img))
+    print(f"{len(images)} power-cut images, {fs.commits} index commits of which")
+    print(f"{fs.synced_commits} synced: up to {fs.commits - fs.synced_commits} could be lost")
+    problems = []
+    for i, index, img in images:
+        got = await _started(img)
+        if got != expected[i]:
+            problems.append(f"cut after step {i} ({steps[i][0]}, index {index}): {got}")
+    return problems
+
+
+REPRO: list[Step] = [
+    ("session.truncateFrom", {"sessionId": "s", "fromMessageId": "m0007"}),
+    *(append(f"n{i:04d}") for i in range(5)),
+]
+
+
+async def test_a_retried_truncate_after_equal_width_appends_keeps_them(tmp_path: Path) -> None:
+    """The outside run's reproduction, step by step over the calls an app makes."""
+    base = str(tmp_path / "base")
+    await _base(base)
+    run = str(tmp_path / "run")
+    shutil.copytree(base, run)
+    fs = PowerLossFileSystem(run)
+    async with open_host(run, fs) as call:
+        fs.arm()
+        cut = await call("session.truncateFrom", sessionId="s", fromMessageId="m0007")
+        assert (cut["kept"], cut["removed"]) == (7, 3)
+        for i in range(5):
+            got = await call("session.appendMessage", sessionId="s", message=line(f"n{i:04d}"))
+            assert got["appended"] is True
+        img = str(tmp_path / "img")
+        fs.image(img, index="synced")  # the power cut
+    want = [f"m{i:04d}" for i in range(7)] + [f"n{i:04d}" for i in range(5)]
+    async with open_host(img) as call:
+        await call("session.recoverInflightMessages")
+        report = io.StringIO()
+        assert await verify(img, out=report) == 0, report.getvalue()
+        updated = await call("session.updateMessage", sessionId="s", message=line("n0001"))
+        assert updated["line"] == 8  # found where it was answered
+        again = await call("session.appendMessage", sessionId="s", message=line("n0000"))
+        assert again["appended"] is False  # stored: deduplicated
+        gone = await call("session.appendMessage", sessionId="s", message=line("m0008"))
+        assert gone["appended"] is True  # cut: not stored, so stored now
+        await call("session.deleteMessages", sessionId="s", messageIds=["m0008"])
+        retry = await call.error("session.truncateFrom", sessionId="s", fromMessageId="m0007")
+        assert retry["data"]["code"] == "NOT_FOUND"  # cut already: nothing more is removed
+        page = await call("session.get", sessionId="s")
+        assert [m["id"] for m in page["messages"]] == want
+
+
+async def test_equal_width_truncate_and_appends_survive_every_cut(tmp_path: Path) -> None:
+    base = str(tmp_path / "base")
+    await _base(base)
+    assert await _cut_after_each(base, REPRO, tmp_path) == []
+
+
+TURN_STEPS: list[Step] = [
+    ("session.beginTurn", {"sessionId": "s", "turnId": "t1", "prompt": line("u1", "user")}),
+    append("a1", turnId="t1"),
+    ("session.endTurn", {"sessionId": "s", "turnId": "t1", "status": "completed"}),
+    ("session.beginTurn", {"sessionId": "s", "turnId": "t2", "prompt": line("u2", "user")}),
+    ("session.saveInflightMessage", {"sessionId": "s", "turnId": "t2", "message": line("b1")}),
+    ("session.endTurn", {"sessionId": "s", "turnId": "t2", "status": "error"}),
+    ("session.beginTurn", {"sessionId": "s", "turnId": "t3"}),
+]
+
+
+async def test_answered_turn_changes_survive_every_cut(tmp_path: Path) -> None:
+    base = str(tmp_path / "base")
+    await _base(base, 2)
+    assert await _cut_after_each(base, TURN_STEPS, tmp_path) == []
+
+
+async def test_a_completed_turn_survives_a_power_cut_and_a_lost_index(tmp_path: Path) -> None:
+    """endTurn answered, then the power goes: the reply is complete, not promoted aborted."""
+    base = str(tmp_path / "base")
+    await _base(base, 0)
+    run = str(tmp_path / "run")
+    shutil.copytree(base, run)
+    fs = PowerLossFileSystem(run)
+    async with open_host(run, fs) as call:
+        fs.arm()
+        await call("session.beginTurn", sessionId="s", turnId="t1", prompt=line("u1", "user"))
+        await call("session.saveInflightMessage", sessionId="s", turnId="t1", message=line("a1"))
+        ended = await call("session.endTurn", sessionId="s", turnId="t1", status="completed")
+        assert ended == {"status": "completed", "recovered": False}
+        fs.image(str(tmp_path / "cut"), index="synced")
+    lost = tmp_path / "lost"
+    shutil.copytree(tmp_path / "cut", lost)
+    for name in ("index.sqlite3", "index.sqlite3-wal"):
+        (lost / name).unlink(missing_ok=True)
+    for img in (tmp_path / "cut", lost):
+        async with open_host(str(img)) as call:
+            got = await call("session.recoverInflightMessages")
+            assert [(r["messageId"], r["status"]) for r in got["recovered"]] == [("a1", "complete")]
+            again = await call("session.endTurn", sessionId="s", turnId="t1", status="completed")
+            assert again["status"] == "completed", img
+
+
+REWRITES: list[Step] = [
+    ("session.updateMessage", {"sessionId": "s", "message": line("m0003", status="error")}),
+    append("n0000"),
+    ("session.deleteMessages", {"sessionId": "s", "messageIds": ["m0001"]}),
+    append("n0001"),
+    ("session.truncateFrom", {"sessionId": "s", "fromMessageId": "m0005"}),
+    append("n0002"),
+    append("n0003"),
+    ("session.delete", {"sessionId": "s"}),
+    ("session.create", {"sessionId": "s"}),
+    *(append(f"p{i:04d}") for i in range(4)),
+]
+
+
+@pytest.mark.timeout(300)
+async def test_rewrites_deletes_and_a_same_id_session_survive_every_cut(tmp_path: Path) -> None:
+    base = str(tmp_path / "base")
+    await _base(base, 8)
+    assert await _cut_after_each(base, REWRITES, tmp_path) == []
+
+
+async def test_the_model_loses_commits_several_calls_back(tmp_path: Path) -> None:
+    """The model itself: appends' index commits are not synced, so a cut takes them all."""
+    base = str(tmp_path / "base")
+    await _base(base, 0)
+    fs = PowerLossFileSystem(base)
+    async with open_host(base, fs) as call:
+        fs.arm()
+        for i in range(3):
+            await call("session.appendMessage", sessionId="s", message=line(f"m{i}"))
+            await call.host.store.index.settle()  # each in its own commit
+        img = str(tmp_path / "img")
+        fs.image(img, index="synced")
+    assert len(fs.index_commits) >= 3  # none of them synced: all lost in the image
+    async with open_host(img) as call:  # the transcript has them: start indexes them again
+        page = await call("session.get", sessionId="s")
+        assert [m["id"] for m in page["messages"]] == ["m0", "m1", "m2"]
+    assert call.host.report.indexed_lines == 3
