@@ -97,6 +97,11 @@ class HostClient:
                 stdout=asyncio.subprocess.PIPE,
                 stderr=stderr if stderr else None,
                 limit=1 << 26,
+                # Its own session: a Ctrl-C (or a signal to the app's process group) is the
+                # app's to handle. The app quits first (ADR 0153 §3: turns settled while
+                # the host is alive), then ends the host's input; a host killed with the
+                # app would fail that quit's last calls and leave it waiting on them.
+                start_new_session=True,
             )
         finally:
             if stderr:

@@ -234,12 +234,21 @@ An answer to a write means it is on disk. The order of every write (`host/_store
 `host/_transcript.py`, `host/_fs.py`):
 
 - **Append**: the complete line (or lines) is written with one `os.write` into the page
-  cache, then `fsync` (in a thread), then the index commit, then the answer. A failure on
+  cache, then `fsync`, then the answer; the index rows are committed after it, in a batch
+  (start-up indexes whatever lines a crash or power cut kept from the index). A failure on
   the way cuts the file back to its old size (durably) and answers the error.
+- **Turn changes** (`beginTurn`, `endTurn`, the aborts of a cut and of a start): one line
+  appended to `sessions/<id>.turns.log` and fsynced, then the index's turn table, then the
+  answer. The table is derived from the log: a start replays what the index lacks.
+- **The index** commits with `synchronous=NORMAL` (a power cut may take back its last
+  commits, several at once), except the mark every change other than an append commits
+  with `synchronous=FULL` before it touches a transcript: a start rescans a marked session
+  whole, and needs to read nothing of an unmarked one but what was appended past its rows.
 - **Rewrite** (`updateMessage`, `deleteMessages`, `replaceMessages`, pager stamps,
   revision switches): a temp file `<name>.<random>.tmp` in the same folder built from
   kernel-side copies of the unchanged byte ranges plus the new bytes, `fsync`, `rename` over
-  the transcript, `fsync` of the folder, then the index commit. The cached append handle is
+  the transcript, `fsync` of the folder, then the index commit (the session marked dirty,
+  synced, before the rename). The cached append handle is
   switched to the new file; the old descriptor is kept until the index has followed, so a
   failed index commit puts the old bytes back.
 - **Small files** (meta, intent, revision manifest): temp file, `fsync`, `rename`, folder
@@ -377,9 +386,11 @@ PROTOCOL.md is silent on these points (or leaves them open); this is what the co
   found by bisection) is clipped to it with `"…"` appended; strings of up to 32 characters
   (block types, tool names) are never clipped. Keys, numbers, booleans and the structure
   survive, and `capped: true` is added. A message made mostly of short fields or non-string
-  values may therefore stay longer than `displayCap`. The 64 MiB result check of
-  `session.get` is made on the stored bytes, before capping, so a capped read of a huge
-  transcript must still be paged.
+  values may therefore stay longer than `displayCap`. The 64 MiB result check of a
+  capped `session.get` is made before reading, on an estimate: each line longer than the
+  cap counts `min(its stored length, 2 × displayCap + 4096)` bytes (short fields are never
+  clipped: the slack), each other line its stored length; the encoded answer is checked
+  again at the end, so a capped read of a huge transcript must still be paged.
 - **`beforeLine` past the end is clamped** to `totalLines`; `limit: 0` gives an empty page.
 
 ### Sessions
@@ -474,7 +485,9 @@ read and the write inside one hold of the lock instead:
 
 - `host.stats` answers `{uptimeSeconds, counters, methods}`: `counters` are named event
   counts (for example `appends`, `appends.deduplicated`, `fsyncs`, `rewrites`,
-  `truncations`, `checkpoints.*`, `recovery.*`, `sessions.open`, `locks.held`); `methods`
+  `truncations`, `checkpoints.*`, `recovery.*`, `sessions.open`, `locks.held`,
+  `rewrites.copyFallbacks`: ranges of a rewrite copied in user space where the kernel's
+  `copy_file_range` refused; 0 on Linux file systems that support it); `methods`
   maps each method called to `{count, errors, p50Ms, p99Ms, maxMs}`: counts since start,
   latencies over its last 2048 calls.
 - `host.shutdown` answers `{shuttingDown: true}`, stops reading on every connection (in
@@ -491,8 +504,10 @@ read and the write inside one hold of the lock instead:
 COMMAND_LINE = """\
 ## Command line
 
-- `python -m host serve --data-dir DIR [--socket PATH] [--log-level L]`, `L` one of `debug`,
-  `info` (default), `warning`, `error`. Exit status: 0 after end of input, `host.shutdown`
+- `python -m host serve --data-dir DIR [--socket PATH] [--log-level L] [--log-format F]
+  [--loop E]`, `L` one of `debug`, `info` (default), `warning`, `error`; `F` `text`
+  (default) or `json` (one JSON object a line on stderr); `E` `auto` (default: uvloop when
+  installed, else asyncio), `uvloop` or `asyncio`. Exit status: 0 after end of input, `host.shutdown`
   or SIGTERM (also one that comes during start-up recovery: the host finishes recovering,
   then exits); 3 when the data dir (or the socket) is in use by another process, or when
   another program holds the index locked past SQLite's 5 s busy timeout (the index is left

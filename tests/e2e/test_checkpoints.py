@@ -77,7 +77,8 @@ async def test_a_checkpoint_is_one_file_replaced_atomically_and_nothing_else(
     (summary,) = (await client.call("session.list"))["sessions"]
     assert summary["messageCount"] == 1
     await client.call("session.appendMessage", sessionId="s", turnId="t1", message=newest)
-    assert sorted(p.name for p in (data_dir / "sessions").iterdir()) == ["s.jsonl", "s.meta.json"]
+    sessions = sorted(p.name for p in (data_dir / "sessions").iterdir())
+    assert sessions == ["s.jsonl", "s.meta.json", "s.turns.log"]
 
 
 async def test_a_checkpoint_of_an_indexed_id_is_dropped(client: Client, data_dir: Path) -> None:

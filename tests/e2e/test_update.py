@@ -107,3 +107,13 @@ async def test_an_update_that_changes_nothing_leaves_the_file_alone(
         "line": 1
     }
     assert (os.stat(path).st_ino, os.stat(path).st_mtime_ns) == (st.st_ino, st.st_mtime_ns)
+
+
+async def test_a_rewrite_copies_the_unchanged_lines_in_the_kernel(client: Client) -> None:
+    """copy_file_range refuses an O_APPEND destination (EBADF): none may fall back."""
+    await _session_with_odd_bytes(client)
+    await client.call("session.updateMessage", sessionId="s", message=msg("m2", content="new"))
+    await client.call("session.deleteMessages", sessionId="s", messageIds=["m0"])
+    counters = (await client.call("host.stats"))["counters"]
+    assert counters["rewrites"] == 2
+    assert counters["rewrites.copyFallbacks"] == 0

@@ -1,7 +1,7 @@
 """The scenario the crash, fault and power-loss tests share: a session mid-regenerate.
 
 ``prepare`` builds it; ``state`` reads it back after a restart (transcript, archives,
-checkpoint) and checks that ``verify`` agrees and no temp or intent file is left;
+checkpoint, turns) and checks that ``verify`` agrees and no temp or intent file is left;
 ``OPS`` are the writes under test and ``PRE`` what runs before one in the same host run.
 """
 
@@ -58,12 +58,19 @@ async def state(data: str) -> Any:
             for rev in r["revisions"]:
                 rev.pop("createdAt")
         checkpoint = Path(data, "sessions", "s.inflight.json").exists()
+        turns = {}
+        for tid in ("t1", "t2", "t3"):  # every turn is ended by the start: this only reads
+            try:
+                got = await call("session.endTurn", sessionId="s", turnId=tid, status="error")
+                turns[tid] = got["status"]
+            except HostError as exc:
+                assert exc.to_object()["data"]["code"] == "NOT_FOUND", exc
     report = io.StringIO()
     assert await verify(data, out=report) == 0, report.getvalue()
     temp = (".tmp", ".intent.json", ".inflight.spare")
     leftovers = [p.name for p in Path(data).rglob("*") if p.name.endswith(temp)]
     assert leftovers == []
-    return page["messages"], revs, checkpoint, orphans
+    return page["messages"], revs, checkpoint, turns, orphans
 
 
 OPS: dict[str, Op] = {
@@ -84,6 +91,7 @@ OPS: dict[str, Op] = {
         "session.endTurn", sessionId="s", turnId="t2", status="aborted", recoverInflight=True
     ),
     "delete-session": lambda c: c("session.delete", sessionId="s"),
+    "end-turn": lambda c: c("session.endTurn", sessionId="s", turnId="t3", status="completed"),
 }
 
 
@@ -94,6 +102,7 @@ async def _turn_with_checkpoint(c: Client) -> None:
 
 # What runs (without crashing) before the write under test, in the same host run.
 PRE: dict[str, Op] = {
+    "end-turn": lambda c: c("session.beginTurn", sessionId="s", turnId="t3"),
     "activate": OPS["truncate-regenerate"],  # archives u2's branch, then paging back to it
     "checkpoint": lambda c: c("session.beginTurn", sessionId="s", turnId="t3"),
     "promote": _turn_with_checkpoint,

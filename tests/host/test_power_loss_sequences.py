@@ -17,6 +17,7 @@ The first sequence is the one an outside power-loss run (LazyFS) found: a retrie
 from __future__ import annotations
 
 import io
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -37,8 +38,13 @@ def line(mid: str, role: str = "assistant", **extra: Any) -> dict[str, Any]:
     return msg(mid, role, content=f"text of {mid}", **extra)
 
 
-def append(mid: str, role: str = "assistant", **extra: Any) -> Step:
-    return "session.appendMessage", {"sessionId": "s", "message": line(mid, role, **extra)}
+def same_width(mid: str) -> dict[str, Any]:
+    """An update of ``line(mid)`` to other bytes of the same width."""
+    return msg(mid, content=f"TEXT OF {mid}")
+
+
+def append(mid: str, role: str = "assistant", sid: str = "s", **extra: Any) -> Step:
+    return "session.appendMessage", {"sessionId": sid, "message": line(mid, role, **extra)}
 
 
 async def _base(data: str, n: int = 10) -> None:
@@ -50,21 +56,22 @@ async def _base(data: str, n: int = 10) -> None:
 
 
 async def _state(call: Client) -> Any:
-    """What a client sees after the connect sequence: messages, turns, checkpoint."""
+    """What a client sees after the connect sequence: each session's messages and turns."""
     await call("session.recoverInflightMessages")
-    try:
-        page = await call("session.get", sessionId="s")
-    except HostError as exc:
-        assert exc.to_object()["data"]["code"] == "NOT_FOUND", exc
-        return None
-    turns = {}
-    for tid in TURNS:  # every turn is ended by now: ending it again only reads it
-        try:
-            got = await call("session.endTurn", sessionId="s", turnId=tid, status="completed")
-            turns[tid] = got["status"]
-        except HostError as exc:
-            assert exc.to_object()["data"]["code"] == "NOT_FOUND", exc
-    return [(m["id"], m.get("status"), m.get("content")) for m in page["messages"]], turns
+    out = {}
+    for row in (await call("session.list"))["sessions"]:
+        sid = row["sessionId"]
+        page = await call("session.get", sessionId=sid)
+        turns = {}
+        for tid in TURNS:  # every turn is ended by now: ending it again only reads it
+            try:
+                got = await call("session.endTurn", sessionId=sid, turnId=tid, status="completed")
+                turns[tid] = got["status"]
+            except HostError as exc:
+                assert exc.to_object()["data"]["code"] == "NOT_FOUND", exc
+        msgs = [(m["id"], m.get("status"), m.get("content")) for m in page["messages"]]
+        out[sid] = msgs, turns
+    return out
 
 
 async def _started(data: str) -> Any:
@@ -204,16 +211,20 @@ async def test_a_completed_turn_survives_a_power_cut_and_a_lost_index(tmp_path: 
 
 
 REWRITES: list[Step] = [
-    ("session.updateMessage", {"sessionId": "s", "message": line("m0003", status="error")}),
+    ("session.create", {"sessionId": "o"}),
+    append("o0000", sid="o"),
+    ("session.updateMessage", {"sessionId": "s", "message": same_width("m0003")}),
     append("n0000"),
     ("session.deleteMessages", {"sessionId": "s", "messageIds": ["m0001"]}),
     append("n0001"),
     ("session.truncateFrom", {"sessionId": "s", "fromMessageId": "m0005"}),
     append("n0002"),
     append("n0003"),
+    # another session's rewrite syncs the commits before it: s's rows, no longer marked
+    ("session.updateMessage", {"sessionId": "o", "message": same_width("o0000")}),
     ("session.delete", {"sessionId": "s"}),
     ("session.create", {"sessionId": "s"}),
-    *(append(f"p{i:04d}") for i in range(4)),
+    *(append(f"p{i:04d}") for i in range(8)),  # more lines, of one width, than s had
 ]
 
 
@@ -241,3 +252,36 @@ async def test_the_model_loses_commits_several_calls_back(tmp_path: Path) -> Non
         page = await call("session.get", sessionId="s")
         assert [m["id"] for m in page["messages"]] == ["m0", "m1", "m2"]
     assert call.host.report.indexed_lines == 3
+
+
+async def test_a_line_damaged_on_disk_is_set_aside_for_good(tmp_path: Path) -> None:
+    """A rescan that quarantines a line rewrites the file: its rows are marked first.
+
+    Bit rot in the middle of a transcript, found by a read after appends whose index
+    commits a power cut then takes back: the old rows must not be kept for the shifted
+    lines of the rewritten file.
+    """
+    base = str(tmp_path / "base")
+    await _base(base, 10)
+    run = tmp_path / "run"
+    shutil.copytree(base, run)
+    fs = PowerLossFileSystem(str(run))
+    async with open_host(str(run), fs) as call:
+        fs.arm()
+        for i in range(3):
+            await call("session.appendMessage", sessionId="s", message=line(f"n{i:04d}"))
+        path = run / "sessions" / "s.jsonl"
+        width = len(path.read_bytes().split(b"\n")[0]) + 1
+        fd = os.open(path, os.O_RDWR)
+        try:
+            os.pwrite(fd, b"X", 4 * width + 1)  # line 4 is no JSON any more
+            fs.fsync(fd)  # and the disk holds it so
+        finally:
+            os.close(fd)
+        damaged = await call.error("session.get", sessionId="s")
+        assert damaged["data"]["code"] == "STORAGE_ERROR"
+        img = str(tmp_path / "img")
+        fs.image(img, index="synced")
+    want = [f"m{i:04d}" for i in range(10) if i != 4] + [f"n{i:04d}" for i in range(3)]
+    state = await _started(img)
+    assert [mid for mid, _, _ in state["s"][0]] == want

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import signal
 from collections import Counter, defaultdict
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import HostProcess, StartHost, get_messages, run_cli
-from tests.outbox.kit import WAIT, kill_group, python, reap, text
+from tests.outbox.kit import WAIT, host_lock_free, kill_group, python, reap, text, until
 
 WORKLOAD = ("--sessions", "2", "--turns", "3", "--reply-seconds", "0.5")
 
@@ -168,3 +169,38 @@ async def test_a_quit_ends_every_turn_and_begins_no_new_one(
     assert "was running at start" not in host.log, host.log
     await host.stop()
     await check_store(start_host, data, events)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+async def test_a_signal_to_the_whole_group_quits_within_the_bound(
+    tmp_path: Path, start_host: StartHost, sig: signal.Signals
+) -> None:
+    """Ctrl-C in a terminal signals the whole process group, the host's too (ADR 0153 §3).
+
+    The producer still quits within its 2 s (plus a margin for the interpreter's exit):
+    turns flushed and aborted, rows that could not land kept in the outbox for the next
+    start, nothing acknowledged lost.
+    """
+    data = tmp_path / "data"
+    proc = await drive(data, "--sessions", "3", "--turns", "30", "--reply-seconds", "3")
+    assert proc.stdout is not None
+    events: list[dict[str, Any]] = []
+    async with asyncio.timeout(WAIT):
+        while not any(e["event"] == "checkpoint" for e in events):  # replies are streaming
+            events.append(json.loads(await proc.stdout.readline()))
+        loop = asyncio.get_running_loop()
+        signalled = loop.time()
+        os.killpg(proc.pid, sig)
+        out, err = await proc.communicate()
+        took = loop.time() - signalled
+    assert proc.returncode == 0, err.decode()
+    print(f"{sig.name} to the group: drive exited {took:.2f} s later")
+    assert took < 2.0 + 1.0, f"quit took {took:.2f} s"
+    events += parse(out.decode())
+    assert events[-1]["event"] == "done"
+    await until(lambda: host_lock_free(data / "host"), "the host to exit after its producer")
+    # The next start drains what the quit left in the outbox; nothing acknowledged is lost.
+    again = await drive(data, "--recover-only")
+    more, err = await again.communicate()
+    assert again.returncode == 0, err.decode()
+    await check_store(start_host, data, events + parse(more.decode()))
