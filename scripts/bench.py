@@ -16,6 +16,7 @@ append_one                  1 KB ``os.write`` + fsync, plus a bare JSON echo   <
                             child that appends and fsyncs each request line,
                             then echoes it (the parts measured apart are in
                             the note)
+turn_change                 the same durable echo as append_one                <= 1.5x
 append_backlog              one write + fsync per message, 3,000 times         >= 5x faster
 update_message              copy the 50 MB file (copy_file_range), fsync,      <= 1.5x
                             rename, fsync the folder
@@ -703,6 +704,50 @@ async def fig_append_one(bench: Bench, host: Conn) -> None:
     )
 
 
+async def fig_turns(bench: Bench, host: Conn) -> None:
+    """A turn change (beginTurn, endTurn without a prompt) vs a durable echo.
+
+    Each is one line fsynced in the session's turn log before the answer, so its floor
+    is append_one's: a child that appends each request line with write + fsync, then
+    echoes it.
+    """
+    z = bench.sizes
+    sid = "turns"
+    await host.call("session.create", {"sessionId": sid})
+    durable = await bench.echo(durable=bench.folder / "floor-durable-turns.jsonl")
+    turn = itertools.count()
+    host_t: list[float] = []
+    floor_t: list[float] = []
+
+    async def change() -> float:
+        i = next(turn)
+        params = {"sessionId": sid, "turnId": f"t{i // 2}"}
+        if i % 2:
+            return await host.timed("session.endTurn", {**params, "status": "completed"})
+        return await host.timed("session.beginTurn", params)
+
+    try:
+        for _ in range(20):  # warm up
+            await change()
+            await durable.timed("session.endTurn", {"sessionId": sid})
+        for _ in range(z.one_rounds):
+            for _ in range(z.one_ops):
+                host_t.append(await change())
+            for _ in range(z.one_ops):
+                floor_t.append(await durable.timed("session.endTurn", {"sessionId": sid}))
+    finally:
+        await bench.stop(durable)
+    bench.figure(
+        "turn_change",
+        "beginTurn / endTurn, one at a time, no prompt",
+        median(host_t),
+        median(floor_t),
+        "<= 1.5x",
+        limit=1.5,
+        note="each is one fsynced line in the session's turn log, then the index's table",
+    )
+
+
 async def fig_append_backlog(bench: Bench, host: Conn) -> None:
     """2: a backlog of appends in flight (an outbox draining) vs one fsync per message."""
     z = bench.sizes
@@ -1100,6 +1145,7 @@ async def hop_costs(bench: Bench) -> None:
 
 PARTS = (
     "append_one",
+    "turns",
     "append_backlog",
     "save_inflight",
     "peers",
@@ -1115,6 +1161,7 @@ async def bench_all(bench: Bench, only: frozenset[str] = frozenset(PARTS)) -> No
     await hop_costs(bench)
     shared = {
         "append_one": fig_append_one,
+        "turns": fig_turns,
         "append_backlog": fig_append_backlog,
         "save_inflight": fig_inflight,
         "peers": peers,
