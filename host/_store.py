@@ -296,7 +296,11 @@ class Store:
         nothing (and if even that fails, the next start replays the line: it is durable).
         """
         rec = TurnRecord(turn_id, status, now_iso(), prompt_id)
-        before, after = await asyncio.to_thread(self.turnlog.append, session_id, rec)
+        if self.fsyncs.inline:  # as an append's: on the loop while fsyncs are fast
+            with self.fsyncs.timed():
+                before, after = self.turnlog.append(session_id, rec)
+        else:
+            before, after = await asyncio.to_thread(self.turnlog.append, session_id, rec)
         try:
             await self.index.record_turns(session_id, [rec], after)
         except BaseException:
