@@ -311,7 +311,7 @@ async def reconcile_turns(store: Store, session_id: str, row: SessionRow | None)
     the commits that held it), unless the log is not the one the index saw.
     """
     held = row.turns_size if row is not None else 0
-    size = await asyncio.to_thread(store.turnlog.size, session_id)
+    size = store.turnlog.size(session_id)  # one lstat, like the transcript's: no thread hop
     if size == held and row is not None:
         return
     whole = size < held or row is None
