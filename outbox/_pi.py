@@ -485,6 +485,7 @@ class PiAgent:
         self.env = dict(os.environ if env is None else env)
         self.stderr_path = stderr_path
         self.model: str | None = None  # what pi said it runs, once started
+        self.refused: str | None = None  # pi's words when it refused the last prompt
         self.chars = 0  # text of the reply streaming, for a live view
         self._proc: PiProcess | None = None
         self._stale = False
@@ -534,6 +535,7 @@ class PiAgent:
         turn = self._turn = PiTurn(turn_id)
         self._idle.clear()
         self.chars = 0
+        self.refused = None
         try:
             turn.prompt_id = self._send("prompt", message=text)
             while turn.outcome is None:
@@ -564,6 +566,7 @@ class PiAgent:
 
     def _finish(self, turn: PiTurn) -> None:
         if self._turn is turn:
+            self.refused = turn.error
             self._turn = None
             self._idle.set()
             if turn.outcome is None:  # left mid-run (or pi died): pi's state is unknown
@@ -576,6 +579,10 @@ class PiAgent:
             return
         turn.stop_requested = True
         self._send("abort")
+
+    def view(self) -> str:
+        """How much text the reply streaming has, for a live view."""
+        return f"{self.chars:5d}ch"
 
     def kill(self) -> None:
         """SIGKILL pi (a crash drill); its turn ends as a crash, the next starts a new pi."""
