@@ -64,6 +64,19 @@ class Run:
     pis: dict[str, PiAgent] = field(default_factory=dict)
     models: set[str] = field(default_factory=set)
 
+    def count(self, outcome: str) -> None:
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+
+    def not_started(self, sid: str, tid: str, exc: Exception) -> None:
+        self.count("not started")
+        print(f"{sid}: turn {tid} not started: {exc}", file=sys.stderr)
+
+    def ended(self, sid: str, outcome: str) -> None:
+        """A turn of ``sid`` ended as ``outcome``."""
+        self.streaming.pop(sid, None)
+        self.count(outcome)
+        self.turns_done[sid] = self.turns_done.get(sid, 0) + 1
+
 
 # pi's round of turns (``--agent pi``): (what the turn does, the prompt). The tags in
 # brackets drive tests/live/mock_llm.py; a real model reads them as part of the prompt.
@@ -221,17 +234,13 @@ async def _session(
                 prompt, regenerate = None, True
             st = await driver.begin(sid, tid, prompt)
         except (ClientError, DrainTimeout) as exc:
-            run.outcomes["not started"] = run.outcomes.get("not started", 0) + 1
-            print(f"{sid}: turn {tid} not started: {exc}", file=sys.stderr)
+            run.not_started(sid, tid, exc)
             continue
         run.streaming[sid] = agent
         if action == "stop":
             asyncio.get_running_loop().call_later(opts.reply_seconds * 0.4, agent.stop)
         outcome = await driver.run(st, agent.events(), regenerate=regenerate)
-        run.streaming.pop(sid, None)
-        key = ("regenerate " if regenerate else "") + outcome
-        run.outcomes[key] = run.outcomes.get(key, 0) + 1
-        run.turns_done[sid] = run.turns_done.get(sid, 0) + 1
+        run.ended(sid, ("regenerate " if regenerate else "") + outcome)
 
 
 async def _pi_session(
@@ -257,16 +266,12 @@ async def _pi_session(
             prompt = None if regenerate else _pi_prompt(tid, words)
             st = await driver.begin(sid, tid, prompt)
         except (ClientError, DrainTimeout) as exc:
-            run.outcomes["not started"] = run.outcomes.get("not started", 0) + 1
-            print(f"{sid}: turn {tid} not started: {exc}", file=sys.stderr)
+            run.not_started(sid, tid, exc)
             continue
         run.streaming[sid] = agent
         events = _drill(agent.events(tid, words), action, agent, driver)
         outcome = await driver.run(st, events, regenerate=regenerate)
-        run.streaming.pop(sid, None)
-        key = ("regenerate " if regenerate else "") + outcome
-        run.outcomes[key] = run.outcomes.get(key, 0) + 1
-        run.turns_done[sid] = run.turns_done.get(sid, 0) + 1
+        run.ended(sid, ("regenerate " if regenerate else "") + outcome)
         if agent.refused is not None:  # no model, no key: every turn would fail alike
             raise PiError(f"pi refused the prompt of turn {tid}: {agent.refused}")
 
