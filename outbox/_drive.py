@@ -90,7 +90,7 @@ PI_ROUND: list[tuple[str, str]] = [
     ("new", "[text] Sum up what we said so far, in one sentence."),
 ]
 STOP_AFTER = 8  # snapshots streamed before the Stop
-KILL_AFTER = 2  # checkpoints of the reply saved before pi is killed
+KILL_AFTER = 20  # snapshots streamed before pi is killed
 
 
 def _next_run_number(app_dir: str) -> int:
@@ -269,7 +269,7 @@ async def _pi_session(
             run.not_started(sid, tid, exc)
             continue
         run.streaming[sid] = agent
-        events = _drill(agent.events(tid, words), action, agent, driver)
+        events = _drill(agent.events(tid, words), action, agent)
         outcome = await driver.run(st, events, regenerate=regenerate)
         run.ended(sid, ("regenerate " if regenerate else "") + outcome)
         if agent.refused is not None:  # no model, no key: every turn would fail alike
@@ -305,10 +305,10 @@ def _now_ms() -> int:
 
 
 async def _drill(
-    events: AsyncIterator[dict[str, Any]], action: str, agent: PiAgent, driver: TurnDriver
+    events: AsyncIterator[dict[str, Any]], action: str, agent: PiAgent
 ) -> AsyncIterator[dict[str, Any]]:
     """Pass a turn's events on; press Stop, or SIGKILL pi, once the reply has streamed."""
-    snapshots, base = 0, driver.stats["checkpoints"]
+    snapshots = 0
     async for ev in events:
         yield ev
         if ev["type"] != "message_update":
@@ -316,8 +316,7 @@ async def _drill(
         snapshots += 1
         if action == "stop" and snapshots == STOP_AFTER:
             agent.stop()
-        elif action == "kill" and driver.stats["checkpoints"] - base >= KILL_AFTER:
-            action = "killed"
+        elif action == "kill" and snapshots == KILL_AFTER:
             agent.kill()
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from outbox import Outbox
+from outbox._drive import KILL_AFTER
 from outbox._driver import TurnDriver
 from outbox._pi import PiAgent
 from scripts.mock_llm import MockLLM, pi_config
@@ -236,6 +237,8 @@ async def test_drive_with_pi_stores_every_turn_then_verify_finds_nothing_wrong(
         "t6": [("u", "user", "complete"), ("a0", "assistant", "complete")],
     }
     assert next(m for m in rows if m["role"] == "tool")["content"][0]["text"] == "hi\n"
+    killed = next(m for m in rows if m["turnId"].endswith("t5") and m["role"] == "assistant")
+    assert len(texts(killed).split()) >= KILL_AFTER - 1, "what streamed before the kill"
     # After the kill a new pi was started from the host's history: the model saw it all.
     last = [m["text"] for m in mock.requests[-1]["messages"] if m["role"] == "user"]
     assert last[0] == "[text] Say something short about durable stores." and len(last) == 6
