@@ -68,7 +68,8 @@ LINE_LIMIT = 256 * 1024 * 1024  # a longer line from pi is skipped and logged
 START_TIMEOUT = 60.0  # pi's first answer (get_state) after it is started
 CLOSE_WAIT = 5.0  # for pi to exit at end of input before it is killed
 ABORT_WAIT = 2.0  # for an aborted turn's final events before end of input (quit)
-_SESSION_FLAGS = {"--session", "--no-session", "--continue", "-c", "--resume", "-r", "--fork"}
+# pi's own session choices (its -c and -r too, left out: a wrapper's "bash -c" is not one)
+_SESSION_FLAGS = {"--session", "--no-session", "--continue", "--resume", "--fork"}
 _ID_CHARS = re.compile(r"[^A-Za-z0-9._:-]")
 _HOST_OWNED = ("id", "role", "turnId", "status", "capped")
 _PAGER = ("revisionRootId", "revisionCount", "activeRevision")
