@@ -134,6 +134,9 @@ async def drive(opts: Options, out: TextIO = sys.stdout) -> int:
 
     async with Outbox.open(os.path.join(app_dir, "outbox.jsonl")) as box:
         box.on_ack = None
+        box.on_set_aside = lambda e, why: emit(
+            {"event": "setAside", "sessionId": e.session_id, "seq": e.seq, "reason": why}
+        )
         client, recovered = await connect(opts, box, emit)
         run.recovered = len(recovered)
         driver = TurnDriver(client, box, emit=emit)
@@ -197,6 +200,7 @@ async def drive(opts: Options, out: TextIO = sys.stdout) -> int:
             "recovered": run.recovered,
             "skippedArchives": driver.stats["skipped_archives"],
             "outboxPending": box.depth,
+            "outboxSetAside": box.stats["dropped"],
             "outboxFsyncs": box.journal.fsyncs,
             "seconds": round(time.monotonic() - run.started, 2),
         }

@@ -17,7 +17,7 @@ import pytest
 
 from outbox import Journal, Outbox, RemoteError
 from outbox._journal import Entry, _sealed
-from tests.outbox.kit import spawned, stored
+from tests.outbox.kit import python, spawned, stored
 
 ECHO = {  # pi's message_end for the prompt it was sent, verbatim (fixtures: text.jsonl)
     "role": "user",
@@ -162,3 +162,27 @@ async def test_a_journal_holding_an_id_less_entry_sets_it_aside_and_drains_the_r
     assert "entry 2 for session s dropped, set aside" in caplog.text
     async with Journal.open(str(path)) as journal:
         assert not journal.pending and not journal.refused, "never sent again"
+
+
+async def test_drive_s_connect_sequence_sets_an_id_less_entry_aside_and_reports_it(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    async with spawned(data / "host") as client:
+        await client.call("session.create", {"sessionId": "s"})
+    _write_journal(
+        data / "app" / "outbox.jsonl",
+        [("s", ok("a0"), "t1"), ("s", ECHO, "t1"), ("s", ok("a1"), "t1")],
+    )
+    proc = await python(
+        "-m", "outbox", "drive", "--recover-only", "--json", "--data-dir", str(data)
+    )
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    facts = [json.loads(line) for line in out.decode().splitlines()]
+    aside = [f for f in facts if f["event"] == "setAside"]
+    assert [(f["sessionId"], f["seq"]) for f in aside] == [("s", 2)]
+    assert "missing required field `id`" in aside[0]["reason"]
+    async with spawned(data / "host") as client:
+        assert [m["id"] for m in await stored(client, "s")] == ["a0", "a1"]
