@@ -5,8 +5,14 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DATA   ?= ./data
 RUNDIR ?= ./run
+# pi, the coding agent, as the agent runtime (README: "pi as the agent"). `make run-pi` uses
+# your own pi and its settings; `make test-pi` installs PI_VERSION into .cache/pi (~200 MB).
+PI_COMMAND ?= pi --mode rpc
+PI_VERSION ?= 0.73.1
+PI_CACHE   := .cache/pi
+PI_STAMP   := $(PI_CACHE)/.installed-$(PI_VERSION)
 
-.PHONY: install test lint run demo serve stop schema bench chaos clean
+.PHONY: install test lint run run-pi test-pi demo serve stop schema bench chaos clean
 
 install: $(STAMP)
 
@@ -28,6 +34,21 @@ test: lint
 run: $(STAMP)
 	$(BIN)/python -m outbox drive --data-dir $(DATA)
 	$(BIN)/python -m host verify --data-dir $(DATA)/host
+
+run-pi: $(STAMP)
+	$(BIN)/python -m outbox drive --agent pi --pi-command "$(PI_COMMAND)" --data-dir $(DATA)/pi
+	$(BIN)/python -m host verify --data-dir $(DATA)/pi/host
+
+# Opt-in: pi from the npm registry into a git-ignored cache, then tests/live against a
+# loopback mock model (scripts/mock_llm.py). `make test` skips tests/live.
+$(PI_STAMP):
+	mkdir -p $(PI_CACHE)
+	npm install --prefix $(PI_CACHE) --no-audit --no-fund --loglevel=error \
+		@mariozechner/pi-coding-agent@$(PI_VERSION)
+	touch $@
+
+test-pi: $(STAMP) $(PI_STAMP)
+	HOSTCORE_PI=$(abspath $(PI_CACHE))/node_modules/.bin/pi $(BIN)/python -m pytest -q -s -rs tests/live
 
 demo: $(STAMP)
 	$(BIN)/python scripts/demo.py --data-dir $(DATA)/demo

@@ -18,16 +18,35 @@ def main(argv: list[str] | None = None) -> int:
     d = sub.add_parser("drive", help="run a workload of conversations against a host")
     d.add_argument("--data-dir", required=True)
     d.add_argument("--sessions", type=int, default=3)
-    d.add_argument("--turns", type=int, default=4)
+    d.add_argument("--turns", type=int, help="per session (default: 4; 7 with --agent pi)")
     d.add_argument("--seed", type=int, default=1)
     d.add_argument("--reply-seconds", type=float, default=2.0)
     d.add_argument("--json", action="store_true", help="one JSON fact per line on stdout")
     d.add_argument("--recover-only", action="store_true", help="connect sequence, then exit")
     d.add_argument("--log-level", default="warning")
+    d.add_argument(
+        "--agent", choices=("sim", "pi"), default="sim", help="the simulated agent, or pi"
+    )
+    d.add_argument(
+        "--pi-command",
+        default="pi --mode rpc",
+        help="how to start pi (split like a shell line); your pi settings pick the model",
+    )
     a = parser.parse_args(argv)
+    turns = a.turns if a.turns is not None else (7 if a.agent == "pi" else 4)
     logging.basicConfig(stream=sys.stderr, level=a.log_level.upper())
     os.umask(0o077)
-    opts = Options(a.data_dir, a.sessions, a.turns, a.seed, a.reply_seconds, a.json, a.recover_only)
+    opts = Options(
+        a.data_dir,
+        a.sessions,
+        turns,
+        a.seed,
+        a.reply_seconds,
+        a.json,
+        a.recover_only,
+        agent=a.agent,
+        pi_command=a.pi_command,
+    )
     return asyncio.run(drive(opts))
 
 

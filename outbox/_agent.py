@@ -91,6 +91,10 @@ class SimAgent:
         """The user pressed Stop."""
         self.stopped = True
 
+    def view(self) -> str:
+        """How far the reply has streamed, for the live view."""
+        return f"{int(self.progress * 100):3d}%"
+
     async def events(self) -> AsyncIterator[dict[str, Any]]:
         p = self.plan
         yield {"type": "turn_start", "turnId": self.turn_id}

@@ -1,9 +1,13 @@
 """``python -m outbox drive``: a workload of conversations against a host it starts.
 
-Streamed replies with tool calls, regenerates, Stops and runtime crashes, chosen by the
-seed. ``DIR/host`` is the host's data dir, ``DIR/app/outbox.jsonl`` the outbox journal.
-The connect sequence is handshake, drain the outbox, ``recoverInflightMessages``; only
-then is anything read. Run again on the same DIR, it picks up where the last run ended.
+Streamed replies with tool calls, regenerates, Stops and runtime crashes: chosen by the
+seed for the simulated agent (``--agent sim``), a fixed round for pi (``--agent pi``,
+:data:`PI_ROUND`: a reply, a tool call, a Stop, a regenerate, a SIGKILL of pi mid-reply).
+``DIR/host`` is the host's data dir, ``DIR/app/outbox.jsonl`` the outbox journal; pi's
+session files are ``DIR/app/pi/<session>.jsonl``, its tools run in ``DIR/app/pi-work`` and
+its stderr goes to ``DIR/pi.log``. The connect sequence is handshake, drain the outbox,
+``recoverInflightMessages``; only then is anything read. Run again on the same DIR, it
+picks up where the last run ended.
 """
 
 from __future__ import annotations
@@ -13,16 +17,19 @@ import contextlib
 import json
 import os
 import random
+import shlex
 import signal
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 from outbox._agent import SimAgent, plan_turn
 from outbox._client import ClientError, HostClient
 from outbox._driver import TurnDriver, text_of
 from outbox._outbox import DrainTimeout, Outbox
+from outbox._pi import PiAgent, PiError
 
 
 @dataclass
@@ -34,6 +41,15 @@ class Options:
     reply_seconds: float = 2.0
     json: bool = False
     recover_only: bool = False
+    agent: str = "sim"  # or "pi"
+    pi_command: str = "pi --mode rpc"
+
+
+class Streaming(Protocol):
+    """An agent runtime with a turn streaming: what quit and the live view need."""
+
+    def stop(self) -> None: ...
+    def view(self) -> str: ...
 
 
 @dataclass
@@ -43,8 +59,38 @@ class Run:
     started: float = field(default_factory=time.monotonic)
     outcomes: dict[str, int] = field(default_factory=dict)
     recovered: int = 0
-    streaming: dict[str, SimAgent] = field(default_factory=dict)
+    streaming: dict[str, Streaming] = field(default_factory=dict)
     turns_done: dict[str, int] = field(default_factory=dict)
+    pis: dict[str, PiAgent] = field(default_factory=dict)
+    models: set[str] = field(default_factory=set)
+
+    def count(self, outcome: str) -> None:
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+
+    def not_started(self, sid: str, tid: str, exc: Exception) -> None:
+        self.count("not started")
+        print(f"{sid}: turn {tid} not started: {exc}", file=sys.stderr)
+
+    def ended(self, sid: str, outcome: str) -> None:
+        """A turn of ``sid`` ended as ``outcome``."""
+        self.streaming.pop(sid, None)
+        self.count(outcome)
+        self.turns_done[sid] = self.turns_done.get(sid, 0) + 1
+
+
+# pi's round of turns (``--agent pi``): (what the turn does, the prompt). The tags in
+# brackets drive tests/live/mock_llm.py; a real model reads them as part of the prompt.
+PI_ROUND: list[tuple[str, str]] = [
+    ("new", "[text] Say something short about durable stores."),
+    ("new", "[tool] Run `echo hi` with the bash tool, then say what it printed."),
+    ("stop", "[slow] Write a long answer about crash safety."),
+    ("new", "[text] Say one thing about checkpoints."),
+    ("regenerate", ""),
+    ("kill", "[slow] Write a long answer about power cuts."),
+    ("new", "[text] Sum up what we said so far, in one sentence."),
+]
+STOP_AFTER = 8  # snapshots streamed before the Stop
+KILL_AFTER = 20  # snapshots streamed before pi is killed
 
 
 def _next_run_number(app_dir: str) -> int:
@@ -88,6 +134,9 @@ async def drive(opts: Options, out: TextIO = sys.stdout) -> int:
 
     async with Outbox.open(os.path.join(app_dir, "outbox.jsonl")) as box:
         box.on_ack = None
+        box.on_set_aside = lambda e, why: emit(
+            {"event": "setAside", "sessionId": e.session_id, "seq": e.seq, "reason": why}
+        )
         client, recovered = await connect(opts, box, emit)
         run.recovered = len(recovered)
         driver = TurnDriver(client, box, emit=emit)
@@ -104,12 +153,14 @@ async def drive(opts: Options, out: TextIO = sys.stdout) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         view = None if opts.json else asyncio.create_task(_live_view(run, box, driver))
-        work: asyncio.Future[list[None]] = asyncio.gather(
-            *[
-                _session(driver, run, f"s{i}", number, opts, random.Random(rng.random()), stop)
-                for i in range(opts.sessions)
-            ]
-        )
+        sessions = [
+            _pi_session(driver, run, f"s{i}", number, opts, stop)
+            if opts.agent == "pi"
+            else _session(driver, run, f"s{i}", number, opts, random.Random(rng.random()), stop)
+            for i in range(opts.sessions)
+        ]
+        tasks = [asyncio.ensure_future(c) for c in sessions]
+        work: asyncio.Future[list[None]] = asyncio.gather(*tasks)
         stopper: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
         await asyncio.wait([work, stopper], return_when=asyncio.FIRST_COMPLETED)
         if stop.is_set():  # quit: flush, abort active turns, wait at most 2 s for their rows
@@ -125,14 +176,26 @@ async def drive(opts: Options, out: TextIO = sys.stdout) -> int:
             work.cancel()
             with contextlib.suppress(BaseException):
                 await work
-        else:
-            with contextlib.suppress(DrainTimeout):
-                await box.drain(30.0)
         stopper.cancel()
         if view is not None:
             view.cancel()
+        await asyncio.gather(*(pi.close() for pi in run.pis.values()))
+        failed = work.exception() if work.done() and not work.cancelled() else None
+        if isinstance(failed, PiError):  # pi would not start: the other sessions end too
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*(pi.close() for pi in run.pis.values()))
+            print(f"drive: pi: {failed}", file=sys.stderr)
+            await client.close()
+            return 2
+        if not stop.is_set():  # after a quit, what did not land waits for the next start
+            with contextlib.suppress(DrainTimeout):
+                await box.drain(30.0)
         summary = {
             "event": "done",
+            "agent": opts.agent,
+            "model": ", ".join(sorted(run.models)) or None,
             "run": number,
             "sessions": opts.sessions,
             "turns": sum(run.turns_done.values()),
@@ -142,6 +205,7 @@ async def drive(opts: Options, out: TextIO = sys.stdout) -> int:
             "recovered": run.recovered,
             "skippedArchives": driver.stats["skipped_archives"],
             "outboxPending": box.depth,
+            "outboxSetAside": box.stats["dropped"],
             "outboxFsyncs": box.journal.fsyncs,
             "seconds": round(time.monotonic() - run.started, 2),
         }
@@ -179,25 +243,110 @@ async def _session(
                 prompt, regenerate = None, True
             st = await driver.begin(sid, tid, prompt)
         except (ClientError, DrainTimeout) as exc:
-            run.outcomes["not started"] = run.outcomes.get("not started", 0) + 1
-            print(f"{sid}: turn {tid} not started: {exc}", file=sys.stderr)
+            run.not_started(sid, tid, exc)
             continue
         run.streaming[sid] = agent
         if action == "stop":
             asyncio.get_running_loop().call_later(opts.reply_seconds * 0.4, agent.stop)
         outcome = await driver.run(st, agent.events(), regenerate=regenerate)
-        run.streaming.pop(sid, None)
-        key = ("regenerate " if regenerate else "") + outcome
-        run.outcomes[key] = run.outcomes.get(key, 0) + 1
-        run.turns_done[sid] = run.turns_done.get(sid, 0) + 1
+        run.ended(sid, ("regenerate " if regenerate else "") + outcome)
+
+
+async def _pi_session(
+    driver: TurnDriver, run: Run, sid: str, number: int, opts: Options, stop: asyncio.Event
+) -> None:
+    """Turns of :data:`PI_ROUND` in session ``sid``, through one pi at a time."""
+    client = driver.client
+    await client.call("session.create", {"sessionId": sid, "title": f"conversation {sid}"})
+    app = os.path.join(opts.data_dir, "app")
+    agent = run.pis[sid] = PiAgent(
+        os.path.join(app, "pi", f"{sid}.jsonl"),
+        command=shlex.split(opts.pi_command),
+        workdir=os.path.join(app, "pi-work"),
+        stderr_path=os.path.join(opts.data_dir, "pi.log"),
+    )
+    for k in range(opts.turns):
+        if stop.is_set():  # quit: the turn that streamed ends, no new one starts
+            return
+        tid = f"{sid}-r{number}-t{k}"
+        action, words = PI_ROUND[k % len(PI_ROUND)]
+        try:
+            regenerate, words = await _pi_ready(driver, agent, run, sid, action, words)
+            prompt = None if regenerate else _pi_prompt(tid, words)
+            st = await driver.begin(sid, tid, prompt)
+        except (ClientError, DrainTimeout) as exc:
+            run.not_started(sid, tid, exc)
+            continue
+        run.streaming[sid] = agent
+        events = _drill(agent.events(tid, words), action, agent)
+        outcome = await driver.run(st, events, regenerate=regenerate)
+        run.ended(sid, ("regenerate " if regenerate else "") + outcome)
+        if agent.refused is not None:  # no model, no key: every turn would fail alike
+            raise PiError(f"pi refused the prompt of turn {tid}: {agent.refused}")
+
+
+async def _pi_ready(
+    driver: TurnDriver, agent: PiAgent, run: Run, sid: str, action: str, words: str
+) -> tuple[bool, str]:
+    """Cut for a regenerate, start pi if it needs it; return (regenerate, prompt text)."""
+    cut = action == "regenerate" and await driver.truncate_last_reply(sid) is not None
+    if action == "regenerate" and not cut:  # nothing to regenerate yet
+        words = PI_ROUND[0][1]
+    if cut:
+        agent.forget()  # pi must not keep the branch the host cut (ADR 0216)
+    rows = await _stored_rows(driver.client, sid) if cut or agent.needs_start else []
+    if cut:  # the root is the last row now: sent again, as the prompt
+        words, rows = text_of(rows[-1]), rows[:-1]
+    if agent.needs_start:
+        await agent.start(rows)
+        run.models.add(agent.model or "?")
+    return cut, words
+
+
+def _pi_prompt(turn_id: str, words: str) -> dict[str, Any]:
+    """The user row of a turn, in pi's own shape (what pi echoes, but with an id)."""
+    content = [{"type": "text", "text": words}]
+    return {"id": f"{turn_id}:u", "role": "user", "content": content, "timestamp": _now_ms()}
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+async def _drill(
+    events: AsyncIterator[dict[str, Any]], action: str, agent: PiAgent
+) -> AsyncIterator[dict[str, Any]]:
+    """Pass a turn's events on; press Stop, or SIGKILL pi, once the reply has streamed."""
+    snapshots = 0
+    async for ev in events:
+        yield ev
+        if ev["type"] != "message_update":
+            continue
+        snapshots += 1
+        if action == "stop" and snapshots == STOP_AFTER:
+            agent.stop()
+        elif action == "kill" and snapshots == KILL_AFTER:
+            agent.kill()
+
+
+async def _stored_rows(client: HostClient, sid: str) -> list[dict[str, Any]]:
+    """Every stored row of a session, oldest first, a page at a time."""
+    rows: list[dict[str, Any]] = []
+    before: int | None = None
+    while before != 0:
+        params: dict[str, Any] = {"sessionId": sid, "limit": 256}
+        if before is not None:
+            params["beforeLine"] = before
+        page = await client.call("session.get", params)
+        rows[:0] = page["messages"]
+        before = page["startLine"]
+    return rows
 
 
 async def _live_view(run: Run, box: Outbox, driver: TurnDriver) -> None:
     tty = sys.stderr.isatty()
     while True:
-        streaming = " ".join(
-            f"{sid}:{int(a.progress * 100):3d}%" for sid, a in sorted(run.streaming.items())
-        )
+        streaming = " ".join(f"{sid}:{a.view()}" for sid, a in sorted(run.streaming.items()))
         line = (
             f"[{time.monotonic() - run.started:6.1f}s] turns {sum(run.turns_done.values()):3d}"
             f" | streaming {streaming or '-':<30} | outbox depth {box.depth:4d}"
@@ -214,7 +363,10 @@ async def _print_summary(
     if sys.stderr.isatty():
         sys.stderr.write("\n")
     print("\nsummary", file=out)
-    for key in ("run", "sessions", "turns", "rows", "checkpoints", "recovered", "seconds"):
+    keys = ("agent", "model", "run", "sessions", "turns", "rows", "checkpoints", "recovered")
+    for key in (*keys, "seconds"):
+        if summary.get(key) is None:
+            continue
         print(f"  {key:<16} {summary[key]}", file=out)
     for key, n in sorted(summary["outcomes"].items()):
         print(f"  turns {key:<10} {n}", file=out)

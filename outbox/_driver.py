@@ -181,6 +181,10 @@ class TurnDriver:
             m = ev.get("message")
             if kind == "message_update" and m and m.get("role") == "assistant":
                 if not m.get("delegate"):
+                    if self.active.get(st.session_id) is st:
+                        # A later reply of the same turn (after a tool call or a retry,
+                        # the first one's message_end settled it): quit flushes it too.
+                        self.inflight[st.session_id] = st.throttle
                     st.throttle.update(m)
             elif kind == "message_end" and m:
                 if m.get("role") == "assistant" and not m.get("delegate"):

@@ -3,7 +3,8 @@
 One line per entry (``{"seq", "sessionId", "turnId", "message", "crc"}``) and one per
 acknowledgement (``{"ack": seq, "crc"}``); ``crc`` is the CRC-32 of the line without it,
 so a flipped byte is reported and skipped at open, never read as another entry.
-``append`` returns once the entry is fsynced; entries that arrive while an fsync is in
+``append`` refuses a row the host could never store (:mod:`outbox._rows`) and returns
+once the entry is fsynced; entries that arrive while an fsync is in
 flight share the next one (group commit). Acks are not fsynced: a lost ack only means
 the entry is sent again, and the host deduplicates by id. Once everything is
 acknowledged the file is compacted by atomic replace.
@@ -22,6 +23,8 @@ from typing import Any
 
 import msgspec
 from msgspec import UNSET, Raw, Struct, UnsetType
+
+from outbox._rows import RowRefused, refusal
 
 log = logging.getLogger("outbox.journal")
 
@@ -100,6 +103,7 @@ class Journal:
         self._acked_since_compact = 0
         self._dir_synced = True  # the folder holds the journal's current name durably
         self.fsyncs = 0
+        self.refused: dict[int, str] = {}  # pending entries the host could never store: why
 
     @classmethod
     @asynccontextmanager
@@ -145,6 +149,9 @@ class Journal:
             os.ftruncate(self._fd, pos)
             os.fsync(self._fd)
         self._written = self._synced = self.next_seq - 1
+        for e in self.pending.values():
+            if (reason := refusal(e.session_id, bytes(e.message), e.turn_id)) is not None:
+                self.refused[e.seq] = reason
         if bad:
             quarantine = self.path + ".quarantine"
             with open(quarantine, "ab") as f:  # kept with their bytes, never just dropped
@@ -175,7 +182,11 @@ class Journal:
             raise
 
     async def append(self, session_id: str, message: bytes, turn_id: str | None) -> Entry:
-        """Write one entry and return once it is durable."""
+        """Write one entry and return once it is durable.
+
+        ``ValueError`` (:class:`RowRefused` for a row the host would refuse) before anything
+        is written: in the journal such a row would be sent, and refused, at every drain.
+        """
         # The host would refuse the whole batch line (PARSE_ERROR, answering none of it).
         message.decode("utf-8")
         try:
@@ -184,6 +195,8 @@ class Journal:
             raise ValueError(f"message is not JSON the host and client can read: {exc}") from None
         if _depth(value) > MAX_DEPTH:
             raise ValueError(f"message nests deeper than {MAX_DEPTH} levels")
+        if (reason := refusal(session_id, message, turn_id)) is not None:
+            raise RowRefused(f"row refused, the host could never store it: {reason}")
         entry = Entry(self.next_seq, session_id, Raw(message), turn_id)
         self._write(_sealed(_ENC.encode(entry)))
         self.next_seq += 1
@@ -230,6 +243,51 @@ class Journal:
                 self._compact()
         except OSError as exc:
             log.warning("journal: ack of entry %d not written (%s): replayed at restart", seq, exc)
+
+    async def set_aside(self, entries: list[tuple[Entry, str]]) -> None:
+        """Move entries the host will never store to ``<path>.rejected``, then ack them.
+
+        One JSON line each (``seq``, ``sessionId``, ``turnId``, ``reason``, ``message``: the
+        entry's own bytes), fsynced before the acks, so a crash in between sets them aside
+        again rather than losing them.
+        """
+        lines = [
+            _ENC.encode(
+                {
+                    "seq": e.seq,
+                    "sessionId": e.session_id,
+                    "turnId": e.turn_id,
+                    "reason": reason,
+                    "message": e.message,
+                }
+            )
+            + b"\n"
+            for e, reason in entries
+        ]
+        await asyncio.to_thread(self._append_rejected, b"".join(lines))
+        for e, _ in entries:
+            self.refused.pop(e.seq, None)
+            self.ack(e.seq)
+
+    def _append_rejected(self, data: bytes) -> None:
+        path = self.path + ".rejected"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        try:
+            size = os.fstat(fd).st_size
+            try:
+                os.write(fd, data)
+                os.fsync(fd)
+            except BaseException:
+                os.ftruncate(fd, size)  # never half a record for the next to run into
+                raise
+        finally:
+            os.close(fd)
+        if size == 0:  # a new file: its name is durable only once the folder is
+            dfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
 
     def _compact(self) -> None:
         """Replace the journal by its pending entries (atomic replace, folder fsync)."""

@@ -7,9 +7,12 @@ deduplicates by message id, so replaying after a crash is safe: at least once in
 exactly once stored.
 
 Answers: ok -> acknowledged; ``NOT_FOUND`` (the session is gone), ``INVALID_PARAMS``
-or ``CONFLICT`` (the entry can never succeed) -> dropped with a warning; anything else
-(``STORAGE_ERROR``, the host down or slow) -> retried with backoff, the session's later
-entries held back so that its rows stay in order.
+or ``CONFLICT`` (the entry can never succeed) -> dropped: set aside into
+``<journal>.rejected`` with the reason, logged and reported to ``on_set_aside``; anything
+else (``STORAGE_ERROR``, the host down or slow) -> retried with backoff, the session's
+later entries held back so that its rows stay in order. ``enqueue`` refuses a row the host
+could never store (:class:`~outbox._rows.RowRefused`); one an older journal still holds is
+set aside the same way before it is ever sent, and the rows behind it go on.
 """
 
 from __future__ import annotations
@@ -28,7 +31,6 @@ from outbox._journal import Entry, Journal
 log = logging.getLogger("outbox")
 BATCH = 256
 BATCH_BYTES = 32 * 1024 * 1024  # a batch line stays well under the host's 64 MiB limit
-ROW_LIMIT = 64 * 1024 * 1024 - 4096  # a row that cannot fit any request line
 DROP = {"NOT_FOUND", "INVALID_PARAMS", "CONFLICT"}
 _ENC = msgspec.json.Encoder()
 
@@ -49,6 +51,7 @@ class Outbox:
         self.backoff = (0.05, 2.0)
         self.stats = {"enqueued": 0, "acked": 0, "dropped": 0, "retries": 0, "batches": 0}
         self.on_ack: Callable[[Entry], None] | None = None
+        self.on_set_aside: Callable[[Entry, str], None] | None = None
         self._retrying: set[str] = set()  # sessions whose first pending row failed
 
     @classmethod
@@ -77,7 +80,11 @@ class Outbox:
     async def enqueue(
         self, session_id: str, message: dict[str, Any] | bytes, turn_id: str | None = None
     ) -> Entry:
-        """Persist a row for the host; returns once it is durable on disk."""
+        """Persist a row for the host; returns once it is durable on disk.
+
+        Raises ``ValueError`` (``RowRefused``: no id, a bad id, a role outside the contract,
+        ...) for a row the host could never store, before anything is written.
+        """
         raw = message if isinstance(message, bytes) else _ENC.encode(message)
         entry = await self.journal.append(session_id, raw, turn_id)
         self.stats["enqueued"] += 1
@@ -117,6 +124,11 @@ class Outbox:
                 await self._wake.wait()
                 continue
             client = self.client
+            if self.journal.refused:  # written before enqueue checked: never sent
+                await self._set_aside(
+                    [(self.journal.pending[seq], why) for seq, why in self.journal.refused.items()]
+                )
+                continue
             entries = self._next_batch()
             if not entries:  # every pending row was dropped: that is progress too
                 async with self._progress:
@@ -133,7 +145,9 @@ class Outbox:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.backoff[1])
                 continue
-            failed = self._settle(entries, results)
+            failed, refused = self._settle(entries, results)
+            if refused:
+                await self._set_aside(refused)
             async with self._progress:
                 self._progress.notify_all()
             if failed:
@@ -154,11 +168,6 @@ class Outbox:
         seen: set[str] = set()
         for e in sorted(self.journal.pending.values(), key=lambda e: e.seq):
             n = len(e.message) + 256
-            if n > ROW_LIMIT:
-                log.error("outbox: entry %d is over the host's line limit: dropped", e.seq)
-                self.stats["dropped"] += 1
-                self.journal.ack(e.seq)
-                continue
             if e.session_id in self._retrying and e.session_id in seen:
                 continue
             if out and (len(out) >= BATCH or size + n > BATCH_BYTES):
@@ -168,20 +177,20 @@ class Outbox:
             size += n
         return out
 
-    def _settle(self, entries: list[Entry], results: list[Any]) -> bool:
+    def _settle(
+        self, entries: list[Entry], results: list[Any]
+    ) -> tuple[bool, list[tuple[Entry, str]]]:
+        """Ack what landed; return whether a session is held back, and what to set aside."""
         held: set[str] = set()
+        refused: list[tuple[Entry, str]] = []
         for entry, result in zip(entries, results, strict=True):
             if entry.session_id in held:
                 continue
             if isinstance(result, RemoteError):
                 if result.name in DROP:
-                    log.warning(
-                        "outbox: entry %d for session %s dropped: %s",
-                        entry.seq,
-                        entry.session_id,
-                        result,
-                    )
-                    self.stats["dropped"] += 1
+                    refused.append((entry, f"the host refused it: {result}"))
+                    self._retrying.discard(entry.session_id)
+                    continue
                 else:
                     log.warning("outbox: entry %d will be retried: %s", entry.seq, result)
                     held.add(entry.session_id)
@@ -193,7 +202,33 @@ class Outbox:
             self.journal.ack(entry.seq)
             if self.on_ack is not None:
                 self.on_ack(entry)
-        return bool(held)
+        return bool(held), refused
+
+    async def _set_aside(self, entries: list[tuple[Entry, str]]) -> None:
+        """Move rows that can never be stored out of the queue, bytes kept, and report them.
+
+        When the rejected file cannot be written (a full disk), they stay queued: the next
+        pass tries again, and the rows behind them wait, as behind any failing write.
+        """
+        try:
+            await self.journal.set_aside(entries)
+        except OSError as exc:
+            log.error("outbox: %d entr(ies) not set aside (%s): retried", len(entries), exc)
+            await asyncio.sleep(self.backoff[1])
+            return
+        for entry, reason in entries:
+            log.warning(
+                "outbox: entry %d for session %s dropped, set aside in %s.rejected: %s",
+                entry.seq,
+                entry.session_id,
+                self.journal.path,
+                reason,
+            )
+            self.stats["dropped"] += 1
+            if self.on_set_aside is not None:
+                self.on_set_aside(entry, reason)
+        async with self._progress:  # a drain may be waiting for just these
+            self._progress.notify_all()
 
 
 def _params(e: Entry) -> dict[str, Any]:

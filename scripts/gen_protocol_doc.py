@@ -167,6 +167,12 @@ MESSAGES_OUTRO = """
   through any method is `CONFLICT`.
 - Lines are numbered from 0 and are physical lines of the transcript; `createdAt`,
   `updatedAt` and `savedAt` are ISO 8601 UTC strings with milliseconds (`...T12:00:00.000Z`).
+- A message the host refuses (`INVALID_PARAMS` or `CONFLICT` for its head, `LIMIT_EXCEEDED`
+  for its line) is refused at every try: a producer must not queue it to retry. The
+  reference outbox checks each row as the host would before it journals it (`enqueue`
+  raises `RowRefused`, a `ValueError`, naming the field) and sets aside, in
+  `outbox.jsonl.rejected`, one an older journal holds or the host refuses
+  (`outbox/_rows.py`; docs/design.md, Producer side).
 
 ### Ids
 

@@ -7,8 +7,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from outbox import DrainTimeout, Journal
 from outbox._driver import QUIT_DRAIN, TurnDriver
+from outbox._pi import PiTurn
+from tests.conftest import REPO
 from tests.outbox.kit import FakeClock, FakeHost, driven, prompt, reply, until
 
 
@@ -98,3 +102,40 @@ async def test_quit_waits_for_the_aborted_rows_of_active_turns(tmp_path: Path) -
         stored_at_quit = host.ids("s")
         assert await run == "stopped"
     assert stored_at_quit == ["a1"], "quit returned before the aborted row was stored"
+
+
+async def test_quit_flushes_the_newest_snapshot_of_a_turn_s_later_reply(tmp_path: Path) -> None:
+    """pi's tool turn has two replies; quit in the second must checkpoint it (issue 29)."""
+    turn = PiTurn("t1")
+    lines = (REPO / "tests" / "fixtures" / "pi-rpc" / "tool.jsonl").read_text().splitlines()
+    mapped = [e for line in lines for e in turn.feed(msgspec.json.decode(line))]
+    second = [i for i, e in enumerate(mapped) if e.get("message", {}).get("id") == "t1:a1"]
+    streamed = mapped[: second[3] + 1]  # the first reply, the tool row, 4 updates of t1:a1
+    clock = FakeClock()
+    host = FakeHost(clock)
+    async with driven(tmp_path, host, clock) as (driver, _box):
+        st = await driver.begin("s", "t1", prompt("t1:u"))
+        stop = asyncio.Event()
+
+        async def agent() -> AsyncIterator[dict[str, Any]]:
+            for ev in streamed:
+                yield ev
+                await asyncio.sleep(0)  # the throttle saves t1:a0's first snapshot at once
+            await stop.wait()  # streaming until the user quits
+            aborted = {**streamed[-1]["message"], "status": "aborted", "stopReason": "aborted"}
+            yield {"type": "message_end", "message": aborted}
+            yield {"type": "agent_end", "reason": "stopped"}
+
+        run = asyncio.create_task(driver.run(st, agent()))
+        newest = streamed[-1]["message"]
+        await until(lambda: st.throttle.latest is newest and clock.waiting(), "t1:a1 to wait")
+        assert host.ids("s") == ["t1:a0", "t1:tool:call_mock_1"]
+        saved: list[dict[str, Any]] = []
+
+        def stop_agents() -> None:  # what quit had checkpointed before it stopped the agents
+            saved.extend(host.params("session.saveInflightMessage"))
+            stop.set()
+
+        await driver.quit(stop_agents)
+        assert await run == "stopped"
+    assert saved[-1]["message"] is newest, "the newest snapshot of t1:a1, flushed"
