@@ -22,7 +22,7 @@ from pathlib import Path
 import msgspec
 import msgspec.inspect as mi
 
-from host import _errors, _layout, _messages, _wire
+from host import _errors, _index, _layout, _messages, _wire
 
 ROOT = Path(__file__).resolve().parent.parent
 OUTPUT = ROOT / "docs" / "protocol.md"
@@ -491,13 +491,17 @@ read and the write inside one hold of the lock instead:
 COMMAND_LINE = """\
 ## Command line
 
-- `python -m host serve --data-dir DIR [--socket PATH] [--log-level L]`, `L` one of `debug`,
-  `info` (default), `warning`, `error`. Exit status: 0 after end of input, `host.shutdown`
-  or SIGTERM (also one that comes during start-up recovery: the host finishes recovering,
-  then exits); 3 when the data dir (or the socket) is in use by another process, or when
-  another program holds the index locked past SQLite's 5 s busy timeout (the index is left
-  as it is); 2 for a
+- `python -m host serve --data-dir DIR [--socket PATH] [--log-level L] [--busy-timeout S]`,
+  `L` one of `debug`, `info` (default), `warning`, `error`. Exit status: 0 after end of
+  input, `host.shutdown` or SIGTERM (also one that comes during start-up recovery: the host
+  finishes recovering, then exits); 3 when the data dir (or the socket) is in use by another
+  process, or when another program holds the index locked past the busy timeout (the index
+  is left as it is); 2 for a
   usage error or a socket path that cannot be bound (too long, a folder it cannot make).
+- `--busy-timeout S` (`serve`, `verify`, `inspect`; default @@BUSY_TIMEOUT@@ s): how long a
+  statement waits for another program's lock on the index (SQLite's busy timeout) before it
+  fails. At start that is exit 3 (`serve`), 2 (`verify`) or 1 (`inspect`); while serving, a
+  call that waits it out answers `STORAGE_ERROR`.
 - `python -m host verify --data-dir DIR [--repair]` checks every transcript against the
   index and prints each disagreement (torn tail, corrupt or duplicate line, a row or count
   that differs). Exit status 0 when all agree, 1 otherwise (or when `DIR` has no
@@ -694,6 +698,7 @@ def _subst(text: str) -> str:
         text.replace("@@VERSION@@", str(_wire.PROTOCOL_VERSION))
         .replace("@@MAX_LINE@@", f"{_wire.MAX_LINE:,}")
         .replace("@@ID_PATTERN@@", _wire.ID_PATTERN)
+        .replace("@@BUSY_TIMEOUT@@", f"{_index.BUSY_TIMEOUT:g}")
     )
 
 

@@ -511,6 +511,11 @@ def transcript(data: Path, session_id: str) -> Path:
     return data / "sessions" / f"{session_id}.jsonl"
 
 
+BRIEF_WAIT = ("--busy-timeout", "0.2")
+"""Command-line args for a tool that meets :func:`index_locked`: a lock nobody releases is
+waited out for SQLite's busy timeout (5 s by default) before the tool gives up."""
+
+
 @contextlib.contextmanager
 def index_locked(index: Path) -> Iterator[None]:
     """Hold ``index`` as another program can: an exclusive lock no reader gets past."""
