@@ -10,9 +10,9 @@ from __future__ import annotations
 import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
 from outbox._driver import Clock, RealClock
+from outbox._events import AgentEvent
 
 WORDS = [
     "the",
@@ -91,7 +91,8 @@ class SimAgent:
         """The user pressed Stop."""
         self.stopped = True
 
-    async def events(self) -> AsyncIterator[dict[str, Any]]:
+    async def events(self) -> AsyncIterator[AgentEvent]:
+        """The turn's events, as :meth:`TurnDriver.run` consumes them."""
         p = self.plan
         yield {"type": "turn_start", "turnId": self.turn_id}
         if p.slow_start:

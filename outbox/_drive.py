@@ -16,6 +16,7 @@ import random
 import signal
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -81,7 +82,7 @@ async def drive(opts: Options, out: TextIO = sys.stdout) -> int:
     os.makedirs(app_dir, mode=0o700, exist_ok=True)
     run = Run()
 
-    def emit(ev: dict[str, Any]) -> None:
+    def emit(ev: Mapping[str, Any]) -> None:
         if opts.json:
             out.write(json.dumps(ev) + "\n")
             out.flush()
