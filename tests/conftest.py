@@ -378,6 +378,15 @@ StartHost = Callable[..., Awaitable[HostProcess]]
 _HOSTS = pytest.StashKey[list[HostProcess]]()
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the tests marked ``slow`` first (in their order), then the rest as collected.
+
+    Under pytest-xdist a long test that starts last finishes the run alone while the other
+    workers idle; started first, it runs beside the others.
+    """
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     """Add the tail of every host's stderr to the report of a failed test."""

@@ -110,6 +110,7 @@ UNPROVABLE = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 async def test_every_fsync_in_the_store_is_needed(base: str, tmp_path: Path) -> None:
     """Leave out any one fsync call site, and a power cut in some write breaks a promise."""
