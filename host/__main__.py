@@ -11,9 +11,14 @@ import sys
 from collections.abc import Coroutine
 from typing import Any
 
+from host._platform import EXIT_UNSUPPORTED, unsupported
+
 
 def main(argv: list[str] | None = None) -> int:
     """Run the host command line; return the exit code."""
+    if (reason := unsupported()) is not None:  # Windows: say so, not an ImportError
+        print(f"python -m host: {reason}", file=sys.stderr)
+        return EXIT_UNSUPPORTED
     from host._index import BUSY_TIMEOUT
 
     parser = argparse.ArgumentParser(prog="python -m host", description=__doc__)
