@@ -14,6 +14,8 @@ changes nothing.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import shutil
 import subprocess
 import sys
@@ -22,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import (
+    READ_LIMIT,
     REPO,
     Client,
     HostProcess,
@@ -33,6 +36,7 @@ from tests.conftest import (
     make_session,
     msg,
     restart,
+    run_cli,
     transcript,
 )
 
@@ -191,3 +195,58 @@ async def test_a_root_whose_folder_is_its_case_twins_is_refused_and_changes_noth
     assert [r["messageCount"] for r in listed["revisions"]] == [1]
     again = await restart(start_host, host)  # start-up's sweep takes nothing of either
     assert await everything(again, data_dir) == before
+
+
+AS_ON_MACOS = (
+    "import os, runpy, sys\n"
+    "del os.copy_file_range, os.RWF_DSYNC  # Linux's, which macOS's Python lacks\n"
+    "sys.argv = ['python -m host', 'serve', '--data-dir', sys.argv[1]]\n"
+    "runpy.run_module('host', run_name='__main__', alter_sys=True)\n"
+)
+
+
+async def test_without_linux_only_calls_rewrites_and_checkpoints_keep_every_byte(
+    tmp_path: Path, data_dir: Path
+) -> None:
+    """Rewrites copy unchanged lines with ``copy_file_range`` and checkpoints write with
+    ``RWF_DSYNC`` on Linux; macOS has neither, and the host must do the same without."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        AS_ON_MACOS,
+        str(data_dir),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=REPO,
+        limit=READ_LIMIT,
+    )
+    host = HostProcess(proc, data_dir, tmp_path / "host.stderr.log", None)
+    try:
+        c = host.client
+        assert c is not None
+        await c.handshake()
+        await c.call("session.create", sessionId="s")
+        sent = [msg(f"m{i}", "user", str(i) * 700_000) for i in range(4)]  # 2.8 MB
+        for m in sent:
+            await c.call("session.appendMessage", sessionId="s", message=m)
+        path = transcript(data_dir, "s")
+        lines = path.read_bytes().splitlines(keepends=True)
+        await c.call("session.updateMessage", sessionId="s", message=msg("m0", "user", "short"))
+        await c.call("session.deleteMessages", sessionId="s", messageIds=["m2"])
+        assert path.read_bytes()[-len(lines[1]) - len(lines[3]) :] == lines[1] + lines[3]
+        assert await get_messages(c, "s") == [msg("m0", "user", "short"), sent[1], sent[3]]
+        await c.call("session.beginTurn", sessionId="s", turnId="t")
+        for text in ("a" * 100_000, "b" * 200_000, "c" * 50_000):  # grows, then shrinks
+            reply = msg("r", "assistant", text)
+            saved = await c.call(
+                "session.saveInflightMessage", sessionId="s", turnId="t", message=reply
+            )
+            assert saved == {"saved": True}
+        checkpoint = json.loads((data_dir / "sessions" / "s.inflight.json").read_bytes())
+        assert checkpoint["message"] == msg("r", "assistant", "c" * 50_000)
+        assert await host.stop() == 0, host.log
+    finally:
+        await host.cleanup()
+    code, out, _ = await run_cli("verify", "--data-dir", str(data_dir))
+    assert code == 0, out
