@@ -21,6 +21,7 @@ $(STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --require-hashes --no-deps -r $(LOCK)
 	$(PIP) install -q --no-deps --no-build-isolation -e .
+	$(PIP) check >/dev/null || { $(PIP) check; echo "$(LOCK) lacks what pyproject.toml needs: run make lock"; exit 1; }
 	touch $(STAMP)
 
 # Re-resolve every pin to the newest release pyproject.toml allows, on every platform and

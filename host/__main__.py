@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
             type=_seconds,
             default=BUSY_TIMEOUT,
             metavar="SECONDS",
-            help="how long to wait for another program's lock on the index (default 5)",
+            help="how long to wait for another program's lock on the index (default %(default)s)",
         )
     for p in (serve, verify, ins, exp):
         p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
