@@ -39,8 +39,8 @@ lint: $(STAMP)
 
 # pytest-xdist: one worker per CPU (JOBS=1 for one process, JOBS=4 for four). The project's
 # modules are byte-compiled first: where PYTHONDONTWRITEBYTECODE is set (some shells and
-# sandboxes set it) each of the ~600 Python processes the suite starts, hosts mostly,
-# would otherwise compile them again from source (~50 ms of CPU each).
+# sandboxes set it) each of the hundreds of Python processes the suite starts (hosts,
+# mostly) would otherwise compile them again from source (~50 ms of CPU each).
 test: lint
 	$(BIN)/python -m compileall -q host outbox scripts
 	$(BIN)/python -m pytest -q -n $(JOBS)
