@@ -26,7 +26,8 @@ $(STAMP): pyproject.toml $(LOCK)
 
 # Re-resolve every pin to the newest release pyproject.toml allows, on every platform and
 # Python >= 3.11 at once (uv's universal resolution), with the hashes of all their files.
-lock: $(STAMP)
+lock:
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q $(UV)
 	$(BIN)/uv pip compile pyproject.toml requirements/build.in --extra test --extra dev \
 		--universal --python-version 3.11 --generate-hashes --upgrade \
