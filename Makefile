@@ -5,6 +5,10 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DATA   ?= ./data
 RUNDIR ?= ./run
+JOBS   ?= auto
+LOCK   := requirements/dev.lock
+PIP    := $(BIN)/python -m pip --disable-pip-version-check
+UV     := uv==0.13.9
 # pi, the coding agent, as the agent runtime (README: "pi as the agent"). `make run-pi` uses
 # your own pi and its settings; `make test-pi` installs PI_VERSION into .cache/pi (~200 MB).
 PI_COMMAND ?= pi --mode rpc
@@ -12,24 +16,41 @@ PI_VERSION ?= 0.73.1
 PI_CACHE   := .cache/pi
 PI_STAMP   := $(PI_CACHE)/.installed-$(PI_VERSION)
 
-.PHONY: install test lint run run-pi test-pi demo serve stop schema bench chaos clean
+.PHONY: install lock test lint run run-pi test-pi demo serve stop schema bench chaos clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+# Pinned versions with their hashes (requirements/dev.lock: the runtime, test and dev
+# extras and the build backend), then the project itself, built with the locked backend.
+$(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "hostcore needs Python >= 3.11"'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,dev]'
+	$(PIP) install -q --require-hashes --no-deps -r $(LOCK)
+	$(PIP) install -q --no-deps --no-build-isolation -e .
+	$(PIP) check >/dev/null || { $(PIP) check; echo "$(LOCK) lacks what pyproject.toml needs: run make lock"; exit 1; }
 	touch $(STAMP)
+
+# Re-resolve every pin to the newest release pyproject.toml allows, on every platform and
+# Python >= 3.11 at once (uv's universal resolution), with the hashes of all their files.
+lock:
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q $(UV)
+	$(BIN)/uv pip compile pyproject.toml requirements/build.in --extra test --extra dev \
+		--universal --python-version 3.11 --generate-hashes --upgrade \
+		--custom-compile-command 'make lock' -q -o $(LOCK)
 
 lint: $(STAMP)
 	$(BIN)/ruff check host outbox tests scripts
 	$(BIN)/ruff format --check host outbox tests scripts
 	$(BIN)/mypy --strict host outbox
 
+# pytest-xdist: two workers per CPU (tests/conftest.py; JOBS=1 for one process). The project's
+# modules are byte-compiled first: where PYTHONDONTWRITEBYTECODE is set (some shells and
+# sandboxes set it) each of the hundreds of Python processes the suite starts (hosts,
+# mostly) would otherwise compile them again from source (~50 ms of CPU each).
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m compileall -q host outbox scripts
+	$(BIN)/python -m pytest -q -n $(JOBS)
 
 run: $(STAMP)
 	$(BIN)/python -m outbox drive --data-dir $(DATA)
@@ -75,7 +96,7 @@ schema: $(STAMP)
 
 # The bench's peer (LangGraph's AsyncSqliteSaver) is an extra: `make test` never needs it.
 $(VENV)/.bench-installed: $(STAMP)
-	$(BIN)/python -m pip install -q -e '.[bench]'
+	$(PIP) install -q --no-build-isolation -e '.[bench]'
 	touch $@
 
 bench: $(VENV)/.bench-installed

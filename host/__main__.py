@@ -11,9 +11,16 @@ import sys
 from collections.abc import Coroutine
 from typing import Any
 
+from host._platform import EXIT_UNSUPPORTED, unsupported
+
 
 def main(argv: list[str] | None = None) -> int:
     """Run the host command line; return the exit code."""
+    if (reason := unsupported()) is not None:  # Windows: say so, not an ImportError
+        print(f"python -m host: {reason}", file=sys.stderr)
+        return EXIT_UNSUPPORTED
+    from host._index import BUSY_TIMEOUT
+
     parser = argparse.ArgumentParser(prog="python -m host", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve the protocol on stdio or a Unix socket")
@@ -39,6 +46,14 @@ def main(argv: list[str] | None = None) -> int:
     exp.add_argument("session")
     exp.add_argument("--format", choices=["jsonl", "markdown"], default="jsonl")
     exp.add_argument("--with-revisions", action="store_true")
+    for p in (serve, verify, ins):
+        p.add_argument(
+            "--busy-timeout",
+            type=_seconds,
+            default=BUSY_TIMEOUT,
+            metavar="SECONDS",
+            help="how long to wait for another program's lock on the index (default %(default)s)",
+        )
     for p in (serve, verify, ins, exp):
         p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
         p.add_argument("--log-format", default="text", choices=["text", "json"])
@@ -63,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                     limit=args.limit,
                     before=args.before,
                     as_json=args.json,
+                    busy_timeout=args.busy_timeout,
                 )
             return export(
                 args.data_dir, args.session, fmt=args.format, with_revisions=args.with_revisions
@@ -76,10 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         from host._server import serve as run
 
-        return run_loop(run(args.data_dir, args.socket), args.loop)
+        return run_loop(run(args.data_dir, args.socket, args.busy_timeout), args.loop)
     from host._verify import verify as check
 
-    return asyncio.run(check(args.data_dir, repair=args.repair))
+    return asyncio.run(check(args.data_dir, repair=args.repair, busy_timeout=args.busy_timeout))
 
 
 def _count(text: str) -> int:
@@ -87,6 +103,17 @@ def _count(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"must be a whole number, 0 or more, not {text!r}")
     return int(text)
+
+
+def _seconds(text: str) -> float:
+    """A command-line duration: a number of seconds, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, 0 or more, not {text!r}")
+    return value
 
 
 def run_loop(main: Coroutine[Any, Any, int], loop: str = "auto") -> int:

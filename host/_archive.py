@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 
 import aiofiles
 
-from host._errors import StorageError
+from host._errors import Conflict, StorageError
 from host._fs import FileSystem, NotRegularFile, read_regular
 from host._layout import Layout, check_id, legal_id
 from host._messages import parse_stored
@@ -42,6 +42,11 @@ class ManifestDamaged(Exception):
         super().__init__(f"{path} is damaged ({exc})")
         self.path = path
         self.reason = exc
+
+
+class AnotherRootsArchive(Conflict):
+    """Raised when a root's folder holds the archive of a root whose id differs from it
+    only in case: one folder on a case-insensitive file system (macOS's default)."""
 
 
 class ArchiveDamaged(StorageError):
@@ -84,15 +89,29 @@ class Archive:
         return os.path.join(self.layout.revisions(session_id), check_id(root_id, "rootId"))
 
     def manifest(self, session_id: str, root_id: str) -> list[Revision]:
-        """The root's revisions in order, read only (``ManifestDamaged`` when unreadable)."""
+        """The root's revisions in order, read only (``ManifestDamaged`` when unreadable).
+
+        Raises :class:`AnotherRootsArchive` when the manifest names a root that differs
+        from ``root_id`` only in case: the file system folds case, so the two roots' folders
+        are one, and this archive is the other root's (``session.create`` keeps session ids
+        apart; message ids are the caller's, so the archive calls refuse instead).
+        """
         path = os.path.join(self.folder(session_id, root_id), "manifest.json")
         try:
             data = json.loads(read_regular(path))
-            return [Revision(**r) for r in data["revisions"]]
+            revisions = [Revision(**r) for r in data["revisions"]]
+            owner = data.get("rootId", root_id)
         except FileNotFoundError:
             return []
         except (NotRegularFile, ValueError, TypeError, KeyError, RecursionError) as exc:
             raise ManifestDamaged(path, exc) from None
+        if isinstance(owner, str) and owner != root_id and owner.lower() == root_id.lower():
+            raise AnotherRootsArchive(
+                f"the archive of root {root_id!r} would be root {owner!r}'s: their ids differ"
+                " only in case, and this file system folds case",
+                messageId=root_id,
+            )
+        return revisions
 
     def load(self, session_id: str, root_id: str) -> list[Revision]:
         """Return the root's revisions in order (empty when none were archived)."""
@@ -145,7 +164,10 @@ class Archive:
         Nothing while a damaged manifest lies set aside in the folder: the payloads it named
         are the only copy of those branches, kept for a person to recover.
         """
-        keep = {r.file for r in self.load(session_id, root_id)} | {"manifest.json"}
+        try:
+            keep = {r.file for r in self.load(session_id, root_id)} | {"manifest.json"}
+        except AnotherRootsArchive:
+            return []  # the folder is another root's as well: nothing in it is this one's
         names = os.listdir(self.folder(session_id, root_id))
         if any(".damaged-" in name for name in names):
             return []

@@ -26,6 +26,7 @@ _RENAME_EXCHANGE = 2
 # EPERM: a seccomp filter that denies renameat2 (Docker's default errno) but not rename.
 _NO_EXCHANGE = (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM)
 _RWF_DSYNC: int = getattr(os, "RWF_DSYNC", 0)  # Linux 4.7
+_copy_file_range = getattr(os, "copy_file_range", None)  # Linux 4.5; not on macOS
 _renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
 if _renameat2 is not None:
     _renameat2.argtypes = (
@@ -91,10 +92,11 @@ class FileSystem:
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def copy_range(self, src: int, dst: int, offset: int, size: int) -> None:
-        """Append ``size`` bytes of ``src`` from ``offset`` to ``dst``, in the kernel."""
+        """Append ``size`` bytes of ``src`` from ``offset`` to ``dst``: in the kernel where
+        it can (``copy_file_range``, Linux), else through a 1 MiB buffer (macOS)."""
         while size > 0:
             try:
-                n = os.copy_file_range(src, dst, size, offset)
+                n = _copy_file_range(src, dst, size, offset) if _copy_file_range else 0
             except OSError:
                 n = 0
             if n == 0:  # unsupported or short: fall back to user space

@@ -197,17 +197,22 @@ def _schema_after(applied: int) -> set[tuple[str, str, str | None]]:
         return _schema(conn)
 
 
-def connect_read_only(path: str) -> sqlite3.Connection:
+BUSY_TIMEOUT = 5.0
+"""Seconds a statement waits for another program's lock on the index before it fails
+(SQLite's busy timeout; ``--busy-timeout`` on the command line)."""
+
+
+def connect_read_only(path: str, busy_timeout: float = BUSY_TIMEOUT) -> sqlite3.Connection:
     """Open the database at ``path`` read-only (it is never created).
 
     The path is quoted into the URI: a ``#`` or ``?`` in a folder's name is part of it,
     not URI syntax that would cut the path (and the ``mode=ro`` after it) short.
     """
     uri = f"file:{urllib.parse.quote(os.path.abspath(path))}?mode=ro"
-    return sqlite3.connect(uri, uri=True)
+    return sqlite3.connect(uri, uri=True, timeout=busy_timeout)
 
 
-def index_problem(path: str) -> str | None:
+def index_problem(path: str, busy_timeout: float = BUSY_TIMEOUT) -> str | None:
     """Why the index at ``path`` cannot be used as it is, or ``None`` (also when absent).
 
     A cheap read-only look: the header, the schema and the migrations applied. They must
@@ -221,7 +226,7 @@ def index_problem(path: str) -> str | None:
         return None
     applied: list[str] = []
     try:
-        with contextlib.closing(connect_read_only(path)) as conn:
+        with contextlib.closing(connect_read_only(path, busy_timeout)) as conn:
             schema = _schema(conn)
             if _schema_after(0) <= schema:  # our migrations table
                 applied = [r[0] for r in conn.execute("SELECT name FROM migrations ORDER BY name")]
@@ -290,9 +295,15 @@ class Index:
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def open(cls, path: str, fs: FileSystem | None = None) -> AsyncIterator[Index]:
-        """Open (creating and migrating) the index at ``path``."""
-        conn = await aiosqlite.connect(path, isolation_level=None)
+    async def open(
+        cls, path: str, fs: FileSystem | None = None, busy_timeout: float = BUSY_TIMEOUT
+    ) -> AsyncIterator[Index]:
+        """Open (creating and migrating) the index at ``path``.
+
+        A statement that finds another program holding the index's lock waits up to
+        ``busy_timeout`` seconds for it, then fails (``IndexBusy`` here, at the open).
+        """
+        conn = await aiosqlite.connect(path, isolation_level=None, timeout=busy_timeout)
         index = cls(conn, fs)
         try:
             try:
@@ -301,7 +312,9 @@ class Index:
                 if busy(exc):
                     raise IndexBusy(path, exc) from None
                 raise
-            index._reader = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            index._reader = sqlite3.connect(
+                path, isolation_level=None, check_same_thread=False, timeout=busy_timeout
+            )
             index._reader.execute("PRAGMA query_only = 1")
             yield index
         finally:

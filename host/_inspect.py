@@ -18,7 +18,7 @@ from typing import Any, BinaryIO, TextIO
 
 from host._archive import Archive, ArchiveDamaged, ManifestDamaged, Revision
 from host._fs import FileSystem, NotRegularFile, open_regular, read_whole
-from host._index import IndexBusy, connect_read_only, index_problem
+from host._index import BUSY_TIMEOUT, IndexBusy, connect_read_only, index_problem
 from host._layout import Layout, check_id
 from host._messages import parse_stored
 
@@ -39,8 +39,9 @@ def open_file(path: str) -> BinaryIO:
 class Inspector:
     """What a data dir holds, read without touching it."""
 
-    def __init__(self, data_dir: str) -> None:
+    def __init__(self, data_dir: str, busy_timeout: float = BUSY_TIMEOUT) -> None:
         self.layout = Layout(data_dir)
+        self.busy_timeout = busy_timeout
         if not os.path.isdir(self.layout.sessions):
             raise SystemExit(f"no hostcore data dir at {self.layout.root}")
         self._db: sqlite3.Connection | None = None
@@ -54,12 +55,12 @@ class Inspector:
             if not os.path.exists(path):
                 raise SystemExit(f"no index at {path}: start the host, or run verify --repair")
             try:
-                problem = index_problem(path)
+                problem = index_problem(path, self.busy_timeout)
             except IndexBusy as exc:
                 raise SystemExit(str(exc)) from None
             if problem is not None:
                 raise SystemExit(f"index {path} is {problem}: run verify --repair")
-            self._db = connect_read_only(path)
+            self._db = connect_read_only(path, self.busy_timeout)
         return self._db
 
     def close(self) -> None:
@@ -234,9 +235,10 @@ def inspect(
     before: int | None = None,
     as_json: bool = False,
     out: TextIO = sys.stdout,
+    busy_timeout: float = BUSY_TIMEOUT,
 ) -> int:
     """Print what the data dir holds (one session in detail when given)."""
-    ins = Inspector(data_dir)
+    ins = Inspector(data_dir, busy_timeout)
     try:
         if session_id is None:
             sessions = ins.sessions()

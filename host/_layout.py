@@ -131,6 +131,17 @@ class Layout:
                     out.append((sid, os.path.join(self.sessions, name)))
         return out
 
+    def case_twin(self, session_id: str) -> str | None:
+        """A session whose id differs from ``session_id`` only in case, if there is one.
+
+        On a case-insensitive file system (macOS's default) the two ids name one file, so
+        ``session.create`` refuses such an id on every file system: a data dir then means
+        the same wherever it is copied. Ids are ASCII, so ``lower()`` folds them exactly.
+        """
+        folded = session_id.lower()
+        twins = (sid for sid in self.transcript_ids() if sid.lower() == folded)
+        return next((sid for sid in twins if sid != session_id), None)
+
     def transcript_ids(self, *, report: bool = False) -> list[str]:
         """Session ids that have a transcript file, sorted.
 

@@ -17,8 +17,10 @@ The lock is the queue itself: the ticket at its head holds it, and leaving wakes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 from collections import deque
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,6 +124,25 @@ class LockTable:
         ticket = Ticket(rider, CURRENT_CALL.get())
         slot.queue.append(ticket)
         return _Hold(self, session_id, slot, ticket)
+
+    @contextlib.asynccontextmanager
+    async def hold_with_twins(self, session_id: str) -> AsyncIterator[Ticket]:
+        """Hold the session's lock and the one shared by every id that differs from it
+        only in case (``session.create`` and ``session.delete``).
+
+        Two ids a case-insensitive file system stores as one file are then never created
+        and deleted at once. Both tickets are queued now, so the call keeps its place among
+        the session's calls. The shared lock is entered first; no two calls can wait for
+        each other, since any two that share both locks queued in both in the same order.
+        Its key is no legal id (``/`` is in none), so it is no session's own lock.
+        """
+        folded = self.hold("/" + session_id.lower())
+        own = self.hold(session_id)
+        try:
+            async with folded, own:
+                yield own.ticket
+        finally:
+            self._leave(session_id, own.slot, own.ticket)  # if never entered: still queued
 
     def _leave(self, session_id: str, slot: _Slot, ticket: Ticket) -> None:
         if ticket.gone:

@@ -25,7 +25,7 @@ from typing import Any
 from host._endpoint import Connection
 from host._framing import CHUNK, LineReader
 from host._fs import DIR_MODE, NotRegularFile, open_regular
-from host._index import IndexBusy
+from host._index import BUSY_TIMEOUT, IndexBusy
 from host._layout import UnsafeDataDir
 from host._service import Host
 
@@ -384,7 +384,7 @@ class _Listener:
         self.ident = None
 
 
-async def serve(data_dir: str, socket_path: str | None) -> int:
+async def serve(data_dir: str, socket_path: str | None, busy_timeout: float = BUSY_TIMEOUT) -> int:
     """Run the host on ``data_dir`` until end of input or shutdown; return the exit code."""
     try:
         lock_fd = lock_data_dir(data_dir)
@@ -408,7 +408,7 @@ async def serve(data_dir: str, socket_path: str | None) -> int:
                 log.error("cannot listen on %s: %s", socket_path, exc)
                 return 2
         try:
-            async with Host.open(data_dir) as host:
+            async with Host.open(data_dir, busy_timeout=busy_timeout) as host:
                 tune_gc()
                 for sig in signals:
                     loop.add_signal_handler(sig, host.shutdown_requested.set)

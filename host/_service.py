@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 from host._endpoint import Handler, Immediate, Stats
 from host._fs import FileSystem
 from host._history import HistoryMethods
-from host._index import Index, IndexBusy, busy, index_problem, set_aside_index
+from host._index import BUSY_TIMEOUT, Index, IndexBusy, busy, index_problem, set_aside_index
 from host._layout import Layout
 from host._recovery import Report, recover
 from host._sessions import SessionMethods
@@ -70,15 +70,21 @@ class Host:
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def open(cls, data_dir: str, fs: FileSystem | None = None) -> AsyncIterator[Host]:
-        """Open, recover and yield the host of ``data_dir``; the caller holds its lock."""
+    async def open(
+        cls, data_dir: str, fs: FileSystem | None = None, busy_timeout: float = BUSY_TIMEOUT
+    ) -> AsyncIterator[Host]:
+        """Open, recover and yield the host of ``data_dir``; the caller holds its lock.
+
+        ``busy_timeout``: seconds to wait for another program's lock on the index before
+        giving up with :class:`IndexBusy`.
+        """
         layout = Layout(data_dir)
         fs = fs or FileSystem()
         layout.check_no_links()
         for folder in (layout.root, layout.sessions, layout.revisions_root):
             fs.mkdir(folder)
             os.chmod(folder, 0o700)
-        problem = index_problem(layout.index)
+        problem = index_problem(layout.index, busy_timeout)
         for attempt in (1, 2):
             if problem is not None:
                 aside = set_aside_index(layout.index)
@@ -89,7 +95,7 @@ class Host:
                     aside,
                 )
             async with contextlib.AsyncExitStack() as stack:
-                index = await stack.enter_async_context(Index.open(layout.index, fs))
+                index = await stack.enter_async_context(Index.open(layout.index, fs, busy_timeout))
                 store = Store(layout, index, fs)
                 stack.callback(store.close)
                 try:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from msgspec import UNSET, Raw
 
-from host._errors import LimitExceeded, NotFound
+from host._errors import Conflict, LimitExceeded, NotFound
 from host._index import Row, SessionRow, now_iso
 from host._locks import UNSTARTED
 from host._messages import (
@@ -65,9 +65,15 @@ class SessionMethods:
     async def create(self, p: CreateParams) -> CreateResult:
         sid = p.session_id if isinstance(p.session_id, str) else uuid.uuid4().hex
         title = p.title if isinstance(p.title, str) else None
-        async with self.store.locks.hold(sid):
+        async with self.store.locks.hold_with_twins(sid):
             if await self.store.index.session(sid) is not None:
                 return CreateResult(session_id=sid, created=False)
+            if twin := await asyncio.to_thread(self.store.layout.case_twin, sid):
+                raise Conflict(
+                    f"session {twin!r} exists: an id that differs from it only in case would"
+                    " be the same file on a case-insensitive file system",
+                    sessionId=twin,
+                )
             if os.path.exists(self.store.layout.transcript(sid)):
                 # A transcript the index has not seen (copied in while the host runs): the
                 # file is the truth, so it is indexed as start would, never replaced.
@@ -112,7 +118,7 @@ class SessionMethods:
 
     async def delete(self, p: SessionParams) -> DeleteResult:
         sid = p.session_id
-        async with self.store.locks.hold(sid):
+        async with self.store.locks.hold_with_twins(sid):  # as create: case twins wait
             await self.store.open_session(sid)  # NOT_FOUND for an absent session
             self.store.forget(sid)
             await self.store.index.mark_dirty(sid)  # a same-id session may follow its rows

@@ -12,7 +12,7 @@ import sys
 from typing import TextIO
 
 from host._fs import FileSystem
-from host._index import Index, IndexBusy, index_problem, set_aside_index
+from host._index import BUSY_TIMEOUT, Index, IndexBusy, index_problem, set_aside_index
 from host._layout import Layout, UnsafeDataDir
 from host._recovery import recover, scan
 from host._server import DataDirBusy, lock_data_dir
@@ -22,7 +22,13 @@ from host._transcript import FileStamp, Transcript
 log = logging.getLogger("host.verify")
 
 
-async def verify(data_dir: str, *, repair: bool = False, out: TextIO = sys.stdout) -> int:
+async def verify(
+    data_dir: str,
+    *,
+    repair: bool = False,
+    out: TextIO = sys.stdout,
+    busy_timeout: float = BUSY_TIMEOUT,
+) -> int:
     """Print every disagreement; return 0 when transcripts and index agree, else 1."""
     layout = Layout(data_dir)
     if not os.path.isdir(layout.sessions):
@@ -44,12 +50,12 @@ async def verify(data_dir: str, *, repair: bool = False, out: TextIO = sys.stdou
             print(f"cannot repair: {exc}", file=out)
             return 2
     try:
-        if (problem := index_problem(layout.index)) is not None:
+        if (problem := index_problem(layout.index, busy_timeout)) is not None:
             if not repair:
                 print(f"index {layout.index} is {problem}: run with --repair", file=out)
                 return 1
             print(f"index was {problem}: moved to {set_aside_index(layout.index)}", file=out)
-        async with Index.open(layout.index) as index:
+        async with Index.open(layout.index, busy_timeout=busy_timeout) as index:
             store = Store(layout, index, FileSystem())
             if repair:
                 report = await recover(store, full=True)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
 from outbox._driver import Clock, RealClock
+from outbox._events import AgentEvent
 
 WORDS = [
     "the",
@@ -95,7 +95,8 @@ class SimAgent:
         """How far the reply has streamed, for the live view."""
         return f"{int(self.progress * 100):3d}%"
 
-    async def events(self) -> AsyncIterator[dict[str, Any]]:
+    async def events(self) -> AsyncIterator[AgentEvent]:
+        """The turn's events, as :meth:`TurnDriver.run` consumes them."""
         p = self.plan
         yield {"type": "turn_start", "turnId": self.turn_id}
         if p.slow_start:

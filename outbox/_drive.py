@@ -21,13 +21,14 @@ import shlex
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TextIO
 
 from outbox._agent import SimAgent, plan_turn
 from outbox._client import ClientError, HostClient
 from outbox._driver import TurnDriver, text_of
+from outbox._events import AgentEvent
 from outbox._outbox import DrainTimeout, Outbox
 from outbox._pi import PiAgent, PiError
 
@@ -127,7 +128,7 @@ async def drive(opts: Options, out: TextIO = sys.stdout) -> int:
     os.makedirs(app_dir, mode=0o700, exist_ok=True)
     run = Run()
 
-    def emit(ev: dict[str, Any]) -> None:
+    def emit(ev: Mapping[str, Any]) -> None:
         if opts.json:
             out.write(json.dumps(ev) + "\n")
             out.flush()
@@ -314,8 +315,8 @@ def _now_ms() -> int:
 
 
 async def _drill(
-    events: AsyncIterator[dict[str, Any]], action: str, agent: PiAgent
-) -> AsyncIterator[dict[str, Any]]:
+    events: AsyncIterator[AgentEvent], action: str, agent: PiAgent
+) -> AsyncIterator[AgentEvent]:
     """Pass a turn's events on; press Stop, or SIGKILL pi, once the reply has streamed."""
     snapshots = 0
     async for ev in events:

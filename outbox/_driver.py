@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from outbox._client import ClientError, HostClient
+from outbox._events import AgentEvent, Message, Notice, Outcome
 from outbox._outbox import DrainTimeout, Outbox
 
 log = logging.getLogger("outbox.driver")
@@ -27,6 +28,8 @@ QUIT_DRAIN = 2.0
 
 
 class Clock(Protocol):
+    """What the driver times its checkpoints with (tests pass a virtual one)."""
+
     def now(self) -> float: ...
     async def sleep(self, seconds: float) -> None: ...
 
@@ -98,11 +101,19 @@ class TurnState:
     stop: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-Emit = Callable[[dict[str, Any]], None]
+Emit = Callable[[Notice], None]
 
 
 class TurnDriver:
-    """Turns agent events into durable rows, checkpoints and turn ends."""
+    """Turns agent events into durable rows, checkpoints and turn ends.
+
+    One driver serves every session of an app, one running turn per session:
+    :meth:`begin` opens a turn (after the session's outbox drained), :meth:`run` consumes
+    the runtime's events and ends the turn on the host, and ``emit`` hears a
+    :class:`~outbox.Durable` notice for every message that may be shown as saved. The
+    client must have run the connect sequence first (handshake, the outbox attached and
+    drained, ``session.recoverInflightMessages``).
+    """
 
     def __init__(
         self,
@@ -123,7 +134,8 @@ class TurnDriver:
         self._turn_ended = asyncio.Event()
         self.stats = {"checkpoints": 0, "turns": 0, "skipped_archives": 0, "rows": 0}
 
-    async def enqueue(self, session_id: str, message: dict[str, Any], turn_id: str) -> None:
+    async def enqueue(self, session_id: str, message: Message, turn_id: str) -> None:
+        """Put a row of the turn in the outbox; return once it is durable there."""
         await self.outbox.enqueue(session_id, message, turn_id)
         self.stats["rows"] += 1
         self.emit({"event": "durable", "sessionId": session_id, "messageId": message["id"]})
@@ -154,9 +166,7 @@ class TurnDriver:
         if self.inflight.get(st.session_id) is st.throttle:
             del self.inflight[st.session_id]
 
-    async def begin(
-        self, session_id: str, turn_id: str, prompt: dict[str, Any] | None
-    ) -> TurnState:
+    async def begin(self, session_id: str, turn_id: str, prompt: Message | None) -> TurnState:
         """Open a turn after the session's outbox drained (no prompt ahead of a reply)."""
         await self.outbox.drain(self.drain_timeout, session_id)
         params: dict[str, Any] = {"sessionId": session_id, "turnId": turn_id}
@@ -172,29 +182,33 @@ class TurnDriver:
         return st
 
     async def run(
-        self, st: TurnState, events: AsyncIterator[dict[str, Any]], *, regenerate: bool = False
-    ) -> str:
-        """Consume one turn's events; return how it ended."""
-        outcome = "crashed"  # a stream that ends without agent_end: the runtime is gone
+        self, st: TurnState, events: AsyncIterator[AgentEvent], *, regenerate: bool = False
+    ) -> Outcome:
+        """Consume one turn's events, end the turn on the host; return how it ended.
+
+        ``regenerate``: the turn replaces a cut reply (see :meth:`truncate_last_reply`);
+        once it completes, its branch is archived (``session.saveActiveRevision``).
+        """
+        outcome: Outcome = "crashed"  # a stream that ends without agent_end: the runtime is gone
         async for ev in events:
-            kind = ev["type"]
-            m = ev.get("message")
-            if kind == "message_update" and m and m.get("role") == "assistant":
-                if not m.get("delegate"):
+            if ev["type"] == "message_update":
+                m = ev.get("message")
+                if m and m.get("role") == "assistant" and not m.get("delegate"):
                     if self.active.get(st.session_id) is st:
                         # A later reply of the same turn (after a tool call or a retry,
                         # the first one's message_end settled it): quit flushes it too.
                         self.inflight[st.session_id] = st.throttle
                     st.throttle.update(m)
-            elif kind == "message_end" and m:
-                if m.get("role") == "assistant" and not m.get("delegate"):
-                    st.throttle.cancel()
-                    await self._checkpoint(st, m)
-                    self._settle_if(st)
-                await self.enqueue(st.session_id, m, st.turn_id)
-            elif kind == "tool_execution_end":
+            elif ev["type"] == "message_end":
+                if m := ev.get("message"):
+                    if m.get("role") == "assistant" and not m.get("delegate"):
+                        st.throttle.cancel()
+                        await self._checkpoint(st, m)
+                        self._settle_if(st)
+                    await self.enqueue(st.session_id, m, st.turn_id)
+            elif ev["type"] == "tool_execution_end":
                 await self.enqueue(st.session_id, ev["row"], st.turn_id)
-            elif kind == "agent_end":
+            elif ev["type"] == "agent_end":
                 outcome = ev["reason"]
                 break
         await self.end(st, outcome)
@@ -202,7 +216,7 @@ class TurnDriver:
             await self.save_active(st.session_id)
         return outcome
 
-    async def end(self, st: TurnState, outcome: str) -> None:
+    async def end(self, st: TurnState, outcome: Outcome) -> None:
         """End the turn on the host as ``outcome`` says."""
         if outcome == "crashed":
             await st.throttle.flush()

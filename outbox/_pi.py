@@ -57,9 +57,11 @@ import re
 import signal
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
+
+from outbox._events import AgentEvent
 
 log = logging.getLogger("outbox.pi")
 
@@ -156,7 +158,7 @@ class PiTurn:
         self._after_error = False  # agent_end after a failed reply: a retry may follow
         self._retrying = False  # pi retries (or compacts and retries) in this turn
 
-    def feed(self, ev: Mapping[str, Any]) -> list[dict[str, Any]]:
+    def feed(self, ev: Mapping[str, Any]) -> list[AgentEvent]:
         """The driver's events for one line pi printed."""
         if self.outcome is not None:
             return []
@@ -173,7 +175,7 @@ class PiTurn:
             return self._response(ev)
         return self._lifecycle(kind, ev)
 
-    def end(self, outcome: str) -> list[dict[str, Any]]:
+    def end(self, outcome: Literal["completed", "stopped", "error"]) -> list[AgentEvent]:
         """End the turn as ``outcome``; the driver's ``agent_end``."""
         self.outcome = outcome
         return [{"type": "agent_end", "reason": outcome}]
@@ -191,7 +193,7 @@ class PiTurn:
             self._current = self._new_id(f"a{self._assistants}")
             self._assistants += 1
 
-    def _update(self, m: Any) -> list[dict[str, Any]]:
+    def _update(self, m: Any) -> list[AgentEvent]:
         if not isinstance(m, dict) or m.get("role") != "assistant":
             return []
         if self._current is None:  # no message_start seen: name it now
@@ -202,7 +204,7 @@ class PiTurn:
         snapshot = {"id": self._current, "role": "assistant", **fields}
         return [{"type": "message_update", "message": snapshot}]
 
-    def _ended(self, m: Any) -> list[dict[str, Any]]:
+    def _ended(self, m: Any) -> list[AgentEvent]:
         if not isinstance(m, dict):
             return []
         role = m.get("role")
@@ -223,7 +225,7 @@ class PiTurn:
             return []
         return [{"type": "message_end", "message": row}]
 
-    def _agent_end(self) -> list[dict[str, Any]]:
+    def _agent_end(self) -> list[AgentEvent]:
         self._retrying = False
         if self._last_stop == "error":  # pi may retry: ask, and wait for its answer
             self._after_error = True
@@ -235,10 +237,10 @@ class PiTurn:
             return self.end("stopped")
         return self.end("completed" if self._last_stop in _COMPLETE else "error")
 
-    def _failed(self) -> list[dict[str, Any]]:
+    def _failed(self) -> list[AgentEvent]:
         return self.end("stopped" if self.stop_requested else "error")
 
-    def _response(self, ev: Mapping[str, Any]) -> list[dict[str, Any]]:
+    def _response(self, ev: Mapping[str, Any]) -> list[AgentEvent]:
         rid = ev.get("id")
         if rid is not None and rid == self.prompt_id and ev.get("success") is False:
             self.error = str(ev.get("error"))
@@ -248,7 +250,7 @@ class PiTurn:
             return self._failed()  # no retry came before the answer
         return []
 
-    def _lifecycle(self, kind: object, ev: Mapping[str, Any]) -> list[dict[str, Any]]:
+    def _lifecycle(self, kind: object, ev: Mapping[str, Any]) -> list[AgentEvent]:
         """Retries: pi's ``auto_retry_*``, and ``compaction_*`` after a context overflow."""
         if kind == "auto_retry_start" or (
             kind == "compaction_start" and ev.get("reason") == "overflow"
@@ -528,7 +530,7 @@ class PiAgent:
         """The host cut this session's transcript: the next turn starts pi from the kept."""
         self._stale = True
 
-    async def events(self, turn_id: str, text: str) -> AsyncIterator[dict[str, Any]]:
+    async def events(self, turn_id: str, text: str) -> AsyncIterator[AgentEvent]:
         """Send ``text`` as the prompt of ``turn_id``; yield the driver's events."""
         proc = self._proc
         if proc is None or self._stale:  # (one that died since shows as a crash)
@@ -552,7 +554,7 @@ class PiAgent:
         finally:
             self._finish(turn)
 
-    def _feed(self, turn: PiTurn, ev: dict[str, Any]) -> list[dict[str, Any]]:
+    def _feed(self, turn: PiTurn, ev: dict[str, Any]) -> list[AgentEvent]:
         out = turn.feed(ev)
         if turn.barrier:
             turn.barrier = False

@@ -22,7 +22,7 @@ from pathlib import Path
 import msgspec
 import msgspec.inspect as mi
 
-from host import _errors, _layout, _messages, _wire
+from host import _errors, _index, _layout, _messages, _platform, _wire
 
 ROOT = Path(__file__).resolve().parent.parent
 OUTPUT = ROOT / "docs" / "protocol.md"
@@ -130,8 +130,10 @@ Extra members of `data`:
 - `PROTOCOL_MISMATCH`: `expected` (the host's version) and `got` (the caller's).
 - `NOT_FOUND`: `kind`, one of `"session"`, `"message"`, `"turn"`, `"revision"`.
 - `AGENT_BUSY`: `turnId`, the turn that is running.
-- `CONFLICT`: `messageId`, the message of a display-capped copy written back or of an
-  `activateRevision` refused.
+- `CONFLICT`: `messageId`, the message of a display-capped copy written back, of an
+  `activateRevision` refused, or a `rootId` whose archive folder is another root's (see
+  [Sessions](#sessions)); from `session.create`, `sessionId` instead: the session whose id
+  differs from the one asked for only in case.
 - `STORAGE_ERROR`: `errno` (for example `"ENOSPC"`, `"EIO"`) when a file operation failed;
   an SQLite failure has none. `OSError` and `sqlite3.Error` become `STORAGE_ERROR` in
   `to_error_object` and nowhere else.
@@ -394,7 +396,7 @@ PROTOCOL.md is silent on these points (or leaves them open); this is what the co
   survive, and `capped: true` is added. A message made mostly of short fields or non-string
   values may therefore stay longer than `displayCap`. The 64 MiB result check of a
   capped `session.get` is made before reading, on an estimate: each line longer than the
-  cap counts `min(its stored length, 2 × displayCap + 4096)` bytes (short fields are never
+  cap counts `min(its stored length, 2 * displayCap + 4096)` bytes (short fields are never
   clipped: the slack), each other line its stored length; the encoded answer is checked
   again at the end, so a capped read of a huge transcript must still be paged.
 - **`beforeLine` past the end is clamped** to `totalLines`; `limit: 0` gives an empty page.
@@ -407,6 +409,19 @@ PROTOCOL.md is silent on these points (or leaves them open); this is what the co
 - **The session title is stored in `sessions/<id>.meta.json`**, so a rebuilt index keeps it.
   No method changes a title; `session.create` of an existing id leaves it as it is.
 - `session.create` without `sessionId` picks 32 lowercase hex digits (a random UUID).
+- **Session ids are unique regardless of case.** On a case-insensitive file system
+  (macOS's default, APFS or HFS+) `Chat.jsonl` and `chat.jsonl` are one file, so two
+  sessions whose ids differ only in case would share a transcript. `session.create` refuses
+  such an id with `CONFLICT` (`data.sessionId`: the session that exists) on every file
+  system, so that an app behaves the same on Linux and macOS and a data dir copied between
+  them means the same. Sessions made before this rule (both `Chat` and `chat`, on Linux)
+  are both still served; a create and a delete of two such ids never run at once.
+  A regenerate root's archive is a folder named by its message id
+  (`revisions/<id>/<rootId>/`), and message ids are the caller's: where the file system
+  folds case, a revision call (`listRevisions`, `saveRevision`, `saveActiveRevision`,
+  `activateRevision`, an archiving `truncateFrom`) on a root whose folder turns out to hold
+  the archive of a root that differs only in case is `CONFLICT` (`data.messageId`: the
+  root asked for) and changes nothing. Elsewhere both roots keep archives of their own.
 - **The transcript file is the commit point**: a session exists when
   `sessions/<id>.jsonl` exists. At start an index row without its transcript is dropped and
   a transcript without an index row is indexed; `session.delete` renames the transcript
@@ -511,14 +526,20 @@ COMMAND_LINE = """\
 ## Command line
 
 - `python -m host serve --data-dir DIR [--socket PATH] [--log-level L] [--log-format F]
-  [--loop E]`, `L` one of `debug`, `info` (default), `warning`, `error`; `F` `text`
-  (default) or `json` (one JSON object a line on stderr); `E` `auto` (default: uvloop when
-  installed, else asyncio), `uvloop` or `asyncio`. Exit status: 0 after end of input, `host.shutdown`
-  or SIGTERM (also one that comes during start-up recovery: the host finishes recovering,
-  then exits); 3 when the data dir (or the socket) is in use by another process, or when
-  another program holds the index locked past SQLite's 5 s busy timeout (the index is left
-  as it is); 2 for a
-  usage error or a socket path that cannot be bound (too long, a folder it cannot make).
+  [--loop E] [--busy-timeout S]`, `L` one of `debug`, `info` (default), `warning`, `error`;
+  `F` `text` (default) or `json` (one JSON object a line on stderr); `E` `auto` (default:
+  uvloop when installed, else asyncio), `uvloop` or `asyncio`. Exit status: 0 after end of
+  input, `host.shutdown` or SIGTERM (also one that comes during start-up recovery: the host
+  finishes recovering, then exits); 3 when the data dir (or the socket) is in use by another
+  process, or when another program holds the index locked past the busy timeout (the index
+  is left as it is); 2 for a
+  usage error or a socket path that cannot be bound (too long, a folder it cannot make);
+  @@EXIT_UNSUPPORTED@@ on a platform the host does not run on (Windows: no `fcntl`), with one
+  line on stderr that says so. The host runs on Linux and macOS.
+- `--busy-timeout S` (`serve`, `verify`, `inspect`; default @@BUSY_TIMEOUT@@ s): how long a
+  statement waits for another program's lock on the index (SQLite's busy timeout) before it
+  fails. At start that is exit 3 (`serve`), 2 (`verify`) or 1 (`inspect`); while serving, a
+  call that waits it out answers `STORAGE_ERROR`.
 - `python -m host verify --data-dir DIR [--repair]` checks every transcript against the
   index and prints each disagreement (torn tail, corrupt or duplicate line, a row or count
   that differs). Exit status 0 when all agree, 1 otherwise (or when `DIR` has no
@@ -540,8 +561,10 @@ another type (`"@@VERSION@@"`, `@@VERSION@@.0`, `null`); a missing one is `INVAL
 Creates an empty transcript (file and folder entry fsynced) and its `meta.json`. An id that
 already exists answers `created: false` and changes nothing, not even the title. So does
 an id whose transcript is on disk without an index row (a file copied in while the host
-runs): the transcript is indexed as start would index it, never replaced. Without
-`sessionId` the host picks one.""",
+runs): the transcript is indexed as start would index it, never replaced. An id that
+differs from an existing session's only in case (`chat` beside `Chat`) is `CONFLICT`
+(`data.sessionId`: the existing one) and changes nothing (see
+[Departures](#sessions)). Without `sessionId` the host picks one.""",
     "session.list": """\
 Every session, most recently written first. Reads only the index.""",
     "session.delete": """\
@@ -715,6 +738,8 @@ def _subst(text: str) -> str:
         text.replace("@@VERSION@@", str(_wire.PROTOCOL_VERSION))
         .replace("@@MAX_LINE@@", f"{_wire.MAX_LINE:,}")
         .replace("@@ID_PATTERN@@", _wire.ID_PATTERN)
+        .replace("@@BUSY_TIMEOUT@@", f"{_index.BUSY_TIMEOUT:g}")
+        .replace("@@EXIT_UNSUPPORTED@@", str(_platform.EXIT_UNSUPPORTED))
     )
 
 

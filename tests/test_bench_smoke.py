@@ -27,6 +27,7 @@ FIGURES = (
 )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_quick_bench_prints_every_figure_with_a_ratio(tmp_path: Path) -> None:
     proc = subprocess.run(

@@ -26,6 +26,7 @@ def figure(summary: str, name: str) -> int:
     return int(match.group(1))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_twenty_kills_lose_nothing(tmp_path: Path) -> None:
     proc = subprocess.run(

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import (
+    BRIEF_WAIT,
     Client,
     HostProcess,
     StartHost,
@@ -105,8 +106,8 @@ def _problems(log: str) -> list[str]:
     return [line for line in log.splitlines() if " WARNING " in line or " ERROR " in line]
 
 
-async def _verify(data: Path) -> tuple[int, str]:
-    code, out, err = await run_cli("verify", "--data-dir", str(data))
+async def _verify(data: Path, *args: str) -> tuple[int, str]:
+    code, out, err = await run_cli("verify", "--data-dir", str(data), *args)
     return code, out + err
 
 
@@ -389,10 +390,10 @@ async def test_an_index_another_program_holds_locked_is_refused_and_left_in_plac
     start_host: StartHost, data_dir: Path, built: dict[str, list[dict[str, Any]]]
 ) -> None:
     index = data_dir / "index.sqlite3"
-    with index_locked(index):
-        code, out = await _verify(data_dir)
+    with index_locked(index):  # a lock nobody lets go: each waits out its busy timeout
+        code, out = await _verify(data_dir, *BRIEF_WAIT)
         assert code == 2 and "locked by another program" in out, out
-        host = await start_host(data_dir)
+        host = await start_host(data_dir, args=BRIEF_WAIT)
         assert host.client is not None
         with pytest.raises(ConnectionError):
             await host.client.handshake()

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import (
+    BRIEF_WAIT,
     REPO,
     Client,
     HostProcess,
@@ -218,7 +219,7 @@ async def test_inspect_says_what_is_wrong_with_the_index(
         else:
             stack.enter_context(index_locked(index))
             want = "locked by another program"
-        code, _out, err = await run_cli("inspect", "--data-dir", str(data_dir))
+        code, _out, err = await run_cli("inspect", "--data-dir", str(data_dir), *BRIEF_WAIT)
         assert code == 1 and want in err and "Traceback" not in err, err
         code, out, err = await run_cli("export", "--data-dir", str(data_dir), "trip")
         assert code == 0 and json.loads(out.splitlines()[0])["id"] == "u1", err

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,14 @@ from tests.host.test_endpoint import FakeWriter, line
 
 
 def _connect(host: Host, *, more: bool) -> tuple[Connection, FakeWriter]:
-    """The endpoint as a transport wires it (every call done at once it may do)."""
+    """The endpoint as a transport wires it (every call done at once it may do).
+
+    Its fsyncs count as fast whatever they take: calls are done at once only while they
+    are (``FsyncPolicy``), and on a loaded machine (a parallel suite, a busy CI) a flush
+    can take over the policy's 2 ms, which would move the calls these tests watch to the
+    awaited way. test_checkpoint_threads covers the slow side.
+    """
+    host.store.fsyncs.SLOW = math.inf
     writer = FakeWriter()
     conn = Connection(host.handlers, host.stats, writer, host.immediate, host.split)
     conn.more = lambda: more

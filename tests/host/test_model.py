@@ -903,6 +903,7 @@ class Machine(RuleBasedStateMachine):
         self.crash_step(n, method, params)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(int(os.environ.get("MODEL_TIMEOUT", 300)))
 def test_host_agrees_with_the_model() -> None:
     STATS.clear()

@@ -5,10 +5,10 @@ made durable, stop it at its Nth file operation (or let it finish), and build th
 dir as a power cut would leave it: bytes not fsynced dropped (or half kept: a torn
 append), names whose folder was not fsynced undone, and the index as SQLite's rule for its
 ``synchronous`` level leaves it: every commit kept, or every one since its last sync lost,
-or a prefix of those kept (``tests/host/powerloss.py``). Starting a host on that image must give the old state or the
-new one, never a third, and once the write has been answered it must give the new one:
-an answer means durable. Removing any fsync from the store makes this fail (see
-``test_every_fsync_is_needed``).
+or a prefix of those kept (``tests/host/powerloss.py``). Starting a host on that image
+must give the old state or the new one, never a third, and once the write has been
+answered it must give the new one: an answer means durable. Removing any fsync from the
+store makes this fail (see ``test_every_fsync_is_needed``).
 """
 
 from __future__ import annotations
@@ -111,6 +111,7 @@ UNPROVABLE = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 async def test_every_fsync_in_the_store_is_needed(base: str, tmp_path: Path) -> None:
     """Leave out any one fsync call site, and a power cut in some write breaks a promise."""

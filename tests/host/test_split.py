@@ -117,6 +117,7 @@ def lines(draw: st.DrawFn) -> bytes:
     return obj(env).encode()
 
 
+@pytest.mark.slow
 @settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(line=lines())
 def test_what_the_split_reads_is_the_request_whenever_its_message_proves_json(

@@ -96,6 +96,7 @@ async def check_store(start_host: StartHost, data: Path, events: list[dict[str, 
     assert code == 0, out + err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [20260906, 327])
 async def test_drive_killed_at_random_moments_then_recovered_loses_nothing(
     tmp_path: Path, start_host: StartHost, seed: int
