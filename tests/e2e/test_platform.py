@@ -130,7 +130,7 @@ async def test_a_create_behind_a_delete_of_its_case_twin_waits_for_it(
     ], replies
     assert [m["id"] for m in await get_messages(client, "chat")] == ["u"]
     names = sorted(p.name for p in (data_dir / "sessions").iterdir())
-    assert names == ["chat.jsonl", "chat.meta.json"]
+    assert names == ["chat.jsonl", "chat.meta.json", "chat.turns.log"]
 
 
 async def test_two_creates_of_case_twins_at_once_make_one_session(client: Client) -> None:
