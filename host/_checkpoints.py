@@ -56,10 +56,7 @@ class Checkpoints:
     def __init__(self, layout: Layout, fs: FileSystem) -> None:
         self.layout = layout
         self.fs = fs
-        suffix = ".inflight.json"
-        self.present: set[str] = {
-            name[: -len(suffix)] for name in os.listdir(layout.sessions) if name.endswith(suffix)
-        }
+        self.present: set[str] = set(layout.sidecar_ids(".inflight.json"))
         self._known: dict[str, tuple[str, str]] = {}  # read or saved here: (turn, message)
 
     def knows(self, session_id: str) -> bool:

@@ -99,18 +99,22 @@ class Intents:
     def pending(self) -> list[Intent]:
         """Return every intent left by a host that died (start-up only)."""
         out = []
-        for name in sorted(os.listdir(self.layout.sessions)):
-            if not name.endswith(".intent.json"):
-                continue
-            path = os.path.join(self.layout.sessions, name)
+        for sid in self.layout.sidecar_ids(".intent.json"):  # a stray name is left alone
+            path = self.layout.intent(sid)
             try:
-                out.append(_DEC.decode(read_regular(path)))
+                intent = _DEC.decode(read_regular(path))
             except NotRegularFile as exc:  # a FIFO, folder or link: not the host's to remove
                 log.error("%s left alone: %s", path, exc.strerror)
+                continue
             except (OSError, msgspec.MsgspecError, RecursionError) as exc:
                 # An intent is written atomically: a bad one was never recorded.
                 log.error("unreadable intent %s dropped: %s", path, exc)
                 self.fs.unlink(path)
+                continue
+            if intent.session_id != sid:  # a copy renamed by hand: never replayed
+                log.error("%s names session %r: not its own, left alone", path, intent.session_id)
+                continue
+            out.append(intent)
         return out
 
     def apply_files(self, intent: Intent, fd: int) -> None:

@@ -119,6 +119,22 @@ class Layout:
                     out.append((sid, os.path.join(self.sessions, name)))
         return out
 
+    def sidecar_ids(self, suffix: str) -> list[str]:
+        """Session ids that have a ``<id><suffix>`` file in ``sessions/``, sorted.
+
+        A name that is no legal id (a copy named by hand, ``0 copy.inflight.json``) is no
+        session's: it is logged and left alone, so it cannot break the sessions that are.
+        """
+        out = []
+        for name in sorted(os.listdir(self.sessions)):
+            if name.endswith(suffix):
+                if legal_id(sid := name[: -len(suffix)]):
+                    out.append(sid)
+                else:
+                    path = os.path.join(self.sessions, name)
+                    log.warning("%s: not a legal session id, so no session's: left alone", path)
+        return out
+
     def transcript_ids(self, *, report: bool = False) -> list[str]:
         """Session ids that have a transcript file, sorted.
 
