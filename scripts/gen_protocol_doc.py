@@ -223,7 +223,9 @@ LAYOUT_OUTRO = """
   then the manifest is replaced atomically, and payloads it no longer names are removed
   once the call is finished (so a failed call can go back to the old manifest). Listing
   revisions reads only the manifest.
-- `host.lock` holds the pid of the host that owns the data dir (an exclusive `flock`).
+- `host.lock` holds the pid of the host that owns the data dir. The host holds an exclusive
+  `flock` on it and one on the data dir's folder itself, so that deleting or replacing
+  `host.lock` under a live host lets no second host in.
 - Files are created 0600 and folders 0700 whatever the caller's umask; the socket is 0600.
 """
 
@@ -481,7 +483,8 @@ read and the write inside one hold of the lock instead:
   socket mode too), finishes the calls in flight and exits 0. Lines sent after it that were
   not yet read are not served.
 - One host per data dir: a second `serve` (or `verify --repair`) on the same dir exits at once
-  with a message naming the pid that holds `host.lock`. A socket path that another process
+  with a message naming the pid that holds `host.lock` (`pid unknown` when that file was
+  deleted or replaced under its holder: the lock on the folder itself still holds). A socket path that another process
   still answers on is refused the same way; a leftover socket file nobody answers on is
   removed. The socket is bound before start-up recovery (clients that connect meanwhile
   wait to be accepted), so a bad or busy path fails at once. At stop the host stops
