@@ -81,7 +81,9 @@ class Archive:
         self.fs = fs
 
     def folder(self, session_id: str, root_id: str) -> str:
-        return os.path.join(self.layout.revisions(session_id), check_id(root_id, "rootId"))
+        """The root's archive folder, once no folder on its way is a link (``UnsafeFolder``)."""
+        folder = os.path.join(self.layout.revisions(session_id), check_id(root_id, "rootId"))
+        return self.layout.checked(folder)
 
     def manifest(self, session_id: str, root_id: str) -> list[Revision]:
         """The root's revisions in order, read only (``ManifestDamaged`` when unreadable)."""

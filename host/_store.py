@@ -29,7 +29,7 @@ from host._errors import NotFound, StorageError
 from host._fs import FileSystem
 from host._index import Index, Row, now_iso
 from host._intents import Intents
-from host._layout import Layout
+from host._layout import Layout, UnsafeFolder
 from host._locks import UNSTARTED, LockTable
 from host._messages import Message, pager_json, valid_line
 from host._transcript import Piece, Rewrite, Transcript
@@ -382,6 +382,7 @@ class Store:
         s.size = stamp.size
 
     def _rewrite_file(self, s: OpenSession, pieces: Sequence[Piece]) -> Rewrite:
+        self.layout.transcript(s.session_id)  # its temp file goes into no linked folder
         self.intents.settle(s.session_id)  # never a stale intent over a rewritten file
         return s.transcript.rewrite(pieces)
 
@@ -426,7 +427,12 @@ class Store:
         self.checkpoints.forget(session_id)  # first: an unlink may fail
         for path in [*self.layout.session_files(session_id), self.layout.quarantine(session_id)]:
             self.fs.unlink(path)
-        shutil.rmtree(self.layout.revisions(session_id), ignore_errors=True)
+        try:  # rmtree follows no link inside, but would go through a linked folder above
+            folder = self.layout.checked(self.layout.revisions(session_id))
+        except UnsafeFolder as exc:
+            log.warning("session %s: its archive is left alone: %s", session_id, exc)
+            return
+        shutil.rmtree(folder, ignore_errors=True)
 
     def remove_leftovers(self) -> None:
         """Remove the files of sessions whose transcript is gone (start-up, before serving).

@@ -134,7 +134,11 @@ Extra members of `data`:
   `activateRevision` refused.
 - `STORAGE_ERROR`: `errno` (for example `"ENOSPC"`, `"EIO"`) when a file operation failed;
   an SQLite failure has none. `OSError` and `sqlite3.Error` become `STORAGE_ERROR` in
-  `to_error_object` and nowhere else.
+  `to_error_object` and nowhere else. `errno: "ELOOP"` (or `"ENOTDIR"`), with a message
+  naming the path, when a folder of the data dir the call would write in (`sessions/`,
+  `revisions/`, `revisions/<id>/`, `revisions/<id>/<rootId>/`) is a symlink (or no
+  folder): the host never writes or deletes through one, and the call changes nothing.
+  Remove the link and call again.
 - `LIMIT_EXCEEDED` from `session.get`: `limit`, the byte limit.
 
 `INTERNAL` is a bug; its `message` names the method and the exception type, and the
