@@ -151,6 +151,22 @@ def busy(exc: sqlite3.Error) -> bool:
     return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
+DISK_FULL = (sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_NOMEM)
+"""SQLite's codes for a disk that is full or failing (``IOERR``'s extended codes included)."""
+NOT_WRITABLE = (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_PERM, sqlite3.SQLITE_CANTOPEN)
+"""SQLite's codes for a file it may not write or open: a read-only disk, no permission."""
+
+
+def disk_trouble(exc: sqlite3.Error) -> bool:
+    """Whether ``exc`` is the disk's trouble (full, I/O error, read-only), never damage.
+
+    Such an index is left where it is: setting a good index aside for it would lose its
+    turn table, which nothing else holds (issue 26, case 10).
+    """
+    code: int = getattr(exc, "sqlite_errorcode", 0)
+    return code & 0xFF in DISK_FULL + NOT_WRITABLE
+
+
 _MIGRATIONS_TABLE = "CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied_at TEXT)"
 
 
@@ -214,6 +230,8 @@ def index_problem(path: str) -> str | None:
     except sqlite3.DatabaseError as exc:
         if busy(exc):
             raise IndexBusy(path, exc) from None
+        if disk_trouble(exc):
+            raise
         return f"damaged ({exc})"
     ours = [name for name, _ in MIGRATIONS]
     if applied != ours[: len(applied)]:

@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 import socket
+import sqlite3
 import stat
 import sys
 import threading
@@ -25,7 +26,7 @@ from typing import Any
 from host._endpoint import Connection
 from host._framing import CHUNK, LineReader
 from host._fs import DIR_MODE, NotRegularFile, open_regular, read_regular
-from host._index import IndexBusy
+from host._index import DISK_FULL, NOT_WRITABLE, IndexBusy
 from host._layout import UnsafeDataDir
 from host._service import Host
 
@@ -428,6 +429,51 @@ class _Listener:
         self.ident = None
 
 
+EXIT_DISK_FULL = 4
+"""Exit status of a start the disk refused: full or failing. Nothing was changed."""
+EXIT_NOT_WRITABLE = 5
+"""Exit status of a start on a data dir the host may not write: read-only, no permission."""
+_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG, errno.ENOMEM)
+_READ_ONLY_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def refuse_start(data_dir: str, exc: OSError | sqlite3.Error) -> int:
+    """Log why the disk refused the start, in one line; return the exit status.
+
+    Re-raises what is no disk trouble (a bug's traceback is worth keeping). Never damage:
+    the index is left where it is (see ``host._index.disk_trouble``).
+    """
+    if isinstance(exc, OSError):
+        what = f"{errno.errorcode.get(exc.errno or 0, '?')}: {exc.strerror}: {exc.filename}"
+        full = exc.errno in _FULL_ERRNOS
+        if not full and exc.errno not in _READ_ONLY_ERRNOS:
+            raise exc
+        why = "read-only file system" if exc.errno == errno.EROFS else "no write permission"
+    else:
+        code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+        what = f"index: {exc}"
+        full = code in DISK_FULL
+        if not full and code not in NOT_WRITABLE:
+            raise exc
+        why = "read-only file system or no write permission"
+    if full:
+        log.error(
+            "cannot start on %s: the disk is full or failing (%s); nothing was changed:"
+            " start again once there is space or the disk is fixed",
+            data_dir,
+            what,
+        )
+        return EXIT_DISK_FULL
+    log.error(
+        "cannot start on %s: the data dir cannot be written (%s; %s); nothing was changed:"
+        " make it writable and start again",
+        data_dir,
+        why,
+        what,
+    )
+    return EXIT_NOT_WRITABLE
+
+
 async def serve(data_dir: str, socket_path: str | None) -> int:
     """Run the host on ``data_dir`` until end of input or shutdown; return the exit code."""
     try:
@@ -435,6 +481,8 @@ async def serve(data_dir: str, socket_path: str | None) -> int:
     except DataDirBusy as exc:
         log.error("%s", exc)
         return 3
+    except OSError as exc:
+        return refuse_start(data_dir, exc)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()  # a signal during recovery: finish it, then exit 0 unserved
     signals = (signal.SIGTERM, signal.SIGINT)
@@ -451,8 +499,10 @@ async def serve(data_dir: str, socket_path: str | None) -> int:
             except OSError as exc:
                 log.error("cannot listen on %s: %s", socket_path, exc)
                 return 2
+        started = False
         try:
             async with Host.open(data_dir) as host:
+                started = True
                 tune_gc()
                 for sig in signals:
                     loop.add_signal_handler(sig, host.shutdown_requested.set)
@@ -468,6 +518,10 @@ async def serve(data_dir: str, socket_path: str | None) -> int:
         except UnsafeDataDir as exc:
             log.error("%s", exc)
             return 2
+        except (OSError, sqlite3.Error) as exc:
+            if started:
+                raise
+            return refuse_start(data_dir, exc)
         log.info("host stopped")
         return 0
     finally:

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 import sys
 from typing import TextIO
 
 from host._fs import FileSystem
-from host._index import Index, IndexBusy, index_problem, set_aside_index
+from host._index import Index, IndexBusy, disk_trouble, index_problem, set_aside_index
 from host._layout import Layout, UnsafeDataDir
 from host._recovery import recover, scan
 from host._server import DataDirBusy, DataDirLock, lock_data_dir
@@ -63,6 +64,11 @@ async def verify(data_dir: str, *, repair: bool = False, out: TextIO = sys.stdou
             problems = await _check(store, out)
     except IndexBusy as exc:
         print(f"cannot verify: {exc}", file=out)
+        return 2
+    except sqlite3.Error as exc:
+        if not disk_trouble(exc):
+            raise
+        print(f"cannot verify: the index cannot be used now ({exc})", file=out)
         return 2
     finally:
         if lock is not None:

@@ -486,13 +486,14 @@ read and the write inside one hold of the lock instead:
 - `host.shutdown` answers `{shuttingDown: true}`, stops reading on every connection (in
   socket mode too), finishes the calls in flight and exits 0. Lines sent after it that were
   not yet read are not served.
-- One host per data dir: a second `serve` (or `verify --repair`) on the same dir exits at once
-  with a message naming the pid that holds `host.lock` (`pid unknown` when that file was
-  deleted or replaced under its holder: the lock on the folder itself still holds). A socket path that another process
-  still answers on is refused the same way; a leftover socket file nobody answers on is
-  removed. The socket is bound before start-up recovery (clients that connect meanwhile
-  wait to be accepted), so a bad or busy path fails at once. At stop the host stops
-  listening, removes the socket file if it is still its own, then waits for slow clients.
+- One host per data dir: a second `serve` (or `verify --repair`) on the same dir exits at
+  once with a message naming the pid that holds `host.lock` (`pid unknown` when that file
+  was deleted or replaced under its holder: the lock on the folder itself still holds). A
+  socket path that another process still answers on is refused the same way; a leftover
+  socket file nobody answers on is removed. The socket is bound before start-up recovery
+  (clients that connect meanwhile wait to be accepted), so a bad or busy path fails at once.
+  At stop the host stops listening, removes the socket file if it is still its own, then
+  waits for slow clients.
 """
 
 COMMAND_LINE = """\
@@ -504,7 +505,14 @@ COMMAND_LINE = """\
   then exits); 3 when the data dir (or the socket) is in use by another process, or when
   another program holds the index locked past SQLite's 5 s busy timeout (the index is left
   as it is); 2 for a
-  usage error or a socket path that cannot be bound (too long, a folder it cannot make).
+  usage error or a socket path that cannot be bound (too long, a folder it cannot make);
+  4 when the disk refused the start because it is full or failing (`ENOSPC`, `EDQUOT`,
+  `EIO`; SQLite's `SQLITE_FULL`, `SQLITE_IOERR`): start again once there is space; 5 when
+  the data dir cannot be written (`EROFS`, `EACCES`, `EPERM`; SQLite's `SQLITE_READONLY`,
+  `SQLITE_PERM`, `SQLITE_CANTOPEN`): make it writable and start again. Each refusal is one
+  line on stderr (no traceback) and changes nothing: a full disk or an I/O error is never
+  taken for a damaged index, which is set aside only for damage (not SQLite, another
+  schema, `SQLITE_CORRUPT`).
 - `python -m host verify --data-dir DIR [--repair]` checks every transcript against the
   index and prints each disagreement (torn tail, corrupt or duplicate line, a row or count
   that differs). Exit status 0 when all agree, 1 otherwise (or when `DIR` has no

@@ -19,6 +19,7 @@ import contextlib
 import itertools
 import signal
 import sqlite3
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable, Iterator
 from pathlib import Path
@@ -387,6 +388,23 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             tail = "".join(host.log_lines[-60:])
             report.sections.append((f"host stderr (pid {host.pid}, {host.log_path})", tail))
     return report
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 3 MiB file system (tmpfs) to fill up or remount read-only; needs root."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=3m,mode=0700", "tmpfs", str(mnt)],
+        capture_output=True,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 @pytest.fixture
