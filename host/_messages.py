@@ -13,8 +13,8 @@ from typing import Any, Literal
 import msgspec
 from msgspec import UNSET, Raw, Struct, UnsetType
 
-from host._errors import Conflict, InvalidParams, ParseError
-from host._wire import Id
+from host._errors import Conflict, InvalidParams, LimitExceeded, ParseError
+from host._wire import MAX_MESSAGE, MESSAGE_ROOM, Id
 
 PAGER_KEYS = ("revisionRootId", "revisionCount", "activeRevision")
 Role = Literal["user", "assistant", "tool", "system"]
@@ -110,11 +110,18 @@ def parse_all(raws: Sequence[bytes]) -> list[Message]:
 def incoming_head(raw: bytes, what: str = "message") -> Head:
     """Validate the head of a message a caller wants written, or raise ``InvalidParams``.
 
-    A display-capped copy is ``CONFLICT``. The envelope already proved ``raw`` is JSON, so
-    the rest of the message needs no second scan when only the head is used (a checkpoint);
+    A display-capped copy is ``CONFLICT``; one over :data:`MAX_MESSAGE` is
+    ``LIMIT_EXCEEDED``. The envelope already proved ``raw`` is JSON, so the rest of the
+    message needs no second scan when only the head is used (a checkpoint);
     or, for a message split off its request (``host._endpoint._split``), this scan is what
     proves it: ``ParseError`` when it is not one JSON value, even past a field that failed.
     """
+    if len(raw) > MAX_MESSAGE:  # stored, stamped and read alone, it would pass 64 MiB
+        raise LimitExceeded(
+            f"{what} holds {len(raw)} bytes, over the {MAX_MESSAGE}-byte limit of a message"
+            f" (64 MiB less {MESSAGE_ROOM} bytes kept for the fields the host adds)",
+            limit=MAX_MESSAGE,
+        )
     try:
         head = _HEAD.decode(raw)
     except msgspec.ValidationError as exc:

@@ -89,6 +89,14 @@ FRAMING = """\
   `LIMIT_EXCEEDED` instead (page `session.get` with `limit` and `beforeLine`). The results
   that can grow that large are those of reads (`session.get`, `session.listRevisions` with
   `includeMessages`), which change nothing.
+- A message (`message`, `prompt`, each item of `messages`) may hold at most
+  @@MAX_MESSAGE@@ bytes as sent: 64 MiB less @@MESSAGE_ROOM@@ bytes kept for what the
+  host adds to its stored line (`turnId`, `status`, the pager stamp: a few hundred bytes
+  at most) and for the answer that carries it. So every stored line stays readable as a
+  page of one (`session.get` with `limit: 1`), stamped or not. A longer message is
+  `LIMIT_EXCEEDED` (`data.limit`: @@MAX_MESSAGE@@) with the request's `id`, and nothing
+  is written; `saveInflightMessage` refuses it the same way, so no checkpoint too big to
+  promote is kept.
 - A line that is not valid UTF-8 or not JSON is answered `PARSE_ERROR` with `id: null`.
 - A JSON value that is neither an object nor an array is `INVALID_REQUEST` (`id: null`);
   so is an empty batch `[]`. Inside a batch, each element that is not a request object gets
@@ -139,7 +147,7 @@ Extra members of `data`:
   `revisions/`, `revisions/<id>/`, `revisions/<id>/<rootId>/`) is a symlink (or no
   folder): the host never writes or deletes through one, and the call changes nothing.
   Remove the link and call again.
-- `LIMIT_EXCEEDED` from `session.get`: `limit`, the byte limit.
+- `LIMIT_EXCEEDED` from `session.get`, or for a message too long: `limit`, the byte limit.
 
 `INTERNAL` is a bug; its `message` names the method and the exception type, and the
 traceback goes to the host's log, never into `data`. A failed call changes nothing. Every
@@ -708,6 +716,8 @@ def _subst(text: str) -> str:
     return (
         text.replace("@@VERSION@@", str(_wire.PROTOCOL_VERSION))
         .replace("@@MAX_LINE@@", f"{_wire.MAX_LINE:,}")
+        .replace("@@MAX_MESSAGE@@", f"{_wire.MAX_MESSAGE:,}")
+        .replace("@@MESSAGE_ROOM@@", f"{_wire.MESSAGE_ROOM:,}")
         .replace("@@ID_PATTERN@@", _wire.ID_PATTERN)
     )
 
