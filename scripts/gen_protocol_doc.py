@@ -98,6 +98,16 @@ FRAMING = """\
   is written; `saveInflightMessage` refuses it the same way, so no checkpoint too big to
   promote is kept.
 - A line that is not valid UTF-8 or not JSON is answered `PARSE_ERROR` with `id: null`.
+- A lone UTF-16 surrogate escape (half a surrogate pair, `"Bonjour \\ud83d"`: what
+  JavaScript's `JSON.stringify` writes for a string cut in the middle of an emoji) is JSON
+  text, and is read as `JSON.parse` reads it. Inside a message's values it is stored as
+  sent and read back as stored (see [Stored messages](#stored-messages-and-reads)).
+  Anywhere the host keeps a string as text (a title, an id, a top-level key of a message,
+  the request's `method` or `id`) it cannot be kept (UTF-8 has no encoding for it): the
+  call is `INVALID_PARAMS` with the request's `id` (`INVALID_REQUEST` with `id: null` for
+  the envelope's own fields). A line spelling more than 6,400 different lone surrogate
+  escapes (upper- and lower-case hex mixed; `JSON.stringify` writes at most 2,048) is
+  `PARSE_ERROR`.
 - A JSON value that is neither an object nor an array is `INVALID_REQUEST` (`id: null`);
   so is an empty batch `[]`. Inside a batch, each element that is not a request object gets
   its own `INVALID_REQUEST` in the batch's answer.
@@ -374,7 +384,10 @@ PROTOCOL.md is silent on these points (or leaves them open); this is what the co
   (number spelling, string escapes, key order) but whitespace between tokens is removed and
   duplicate keys are collapsed (the last value wins, at the first key's position). The host
   then sets `turnId` (in place, or appended at the end), removes any pager fields the caller
-  sent and appends the stored ones at the end.
+  sent and appends the stored ones at the end. A lone surrogate escape in a value is kept
+  as those bytes; `session.get` answers them as stored (a client reads them as
+  `JSON.parse` does), and a `displayCap` copy, decoded and re-encoded, shows each as
+  U+FFFD, as `host inspect` and `export --format markdown` do.
 - **`turnId` precedence**: `appendMessage` and `beginTurn` store the call's `turnId`, else the
   message's. `updateMessage` and `replaceMessages` keep the `turnId` already stored for that
   id (the message's own is used only when none is stored), so a rewrite cannot re-attribute.

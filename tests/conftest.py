@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import signal
 import sqlite3
 import subprocess
@@ -41,6 +42,19 @@ _DEC = msgspec.json.Decoder()
 def dumps(value: Any) -> bytes:
     """Encode a value as one compact JSON text."""
     return _ENC.encode(value)
+
+
+def _loads(line: bytes) -> Any:
+    """Decode a reply as a JSON parser (JSON.parse, Python's json) reads it.
+
+    msgspec, fast, first; it refuses a lone UTF-16 surrogate escape (``"\\ud83d"``), which
+    RFC 8259's grammar allows and the host stores as sent, so Python's json reads those
+    (as a ``str`` holding the lone surrogate). ``ValueError`` when it is not JSON.
+    """
+    try:
+        return _DEC.decode(line)
+    except msgspec.DecodeError:
+        return json.loads(line)
 
 
 class RpcError(Exception):
@@ -92,8 +106,8 @@ class Client:
                     self.garbage.append(line)
                     break
                 try:
-                    msg = _DEC.decode(line)
-                except msgspec.DecodeError:
+                    msg = _loads(line)
+                except ValueError:
                     # A reply that is not JSON breaks the protocol: fail every waiter now.
                     self.garbage.append(line)
                     self._fail_all(AssertionError(f"host sent a non-JSON line: {line[:300]!r}"))
