@@ -28,7 +28,7 @@ from host._checkpoints import Checkpoints
 from host._errors import NotFound, StorageError
 from host._fs import FileSystem
 from host._index import Index, Row, now_iso
-from host._intents import Intents
+from host._intents import ArchiveStep, Intents
 from host._layout import Layout, UnsafeFolder
 from host._locks import UNSTARTED, LockTable
 from host._messages import Message, pager_json, valid_line
@@ -149,11 +149,16 @@ class Store:
 
     async def open_session(self, session_id: str) -> OpenSession:
         """Return the open session (call under its lock), or raise ``NotFound``."""
+        lags = False  # its index lags its file: reconciled whatever the stamps say
         if self.index.stale:
             await self.index.settle()  # every queued row of this session is through
             if session_id in self.index.stale:
                 self.index.reconciling(session_id)
                 self.forget(session_id)  # its index lacks answered lines: reconcile
+                lags = True
+        if session_id in self.intents.unfinished:
+            await asyncio.to_thread(self.finish_change, session_id)
+            lags = True
         s = self._open.get(session_id)
         if s is not None:
             return s
@@ -166,17 +171,45 @@ class Store:
             transcript = Transcript(self.fs, self.layout.transcript(session_id))
         except FileNotFoundError:
             raise NotFound("session", session_id) from None
-        if not row.matches(transcript.stamp()):
+        if lags or not row.matches(transcript.stamp()):
             # Changed behind the index's back (a write that failed half-way): the file is
             # the truth, so index it again, and reopen it (a quarantine replaces it).
             transcript.close()
-            await reconcile(self, session_id)
+            await reconcile(self, session_id, full=lags)
             row = await self.index.session(session_id)
             assert row is not None
             transcript = Transcript(self.fs, self.layout.transcript(session_id))
         s = OpenSession(session_id, transcript, row.line_count, row.byte_size)
         self._open[session_id] = s
         return s
+
+    def index_lags(self, session_id: str) -> None:
+        """A change is made in the file but the index could not follow (a full disk): the
+        session is rebuilt from its file before it is served again, as after a failed batch.
+        """
+        self.index.stale.add(session_id)
+        self.forget(session_id)
+
+    def finish_change(self, session_id: str) -> None:
+        """Finish a change that failed past its point of no return (blocking).
+
+        Its intent is on disk: its file steps are made as at a start (a manifest to commit,
+        a cut to make), then it is removed. ``OSError`` while the disk still fails: the
+        session stays unserved until then (or until the next start finishes it).
+        """
+        self.forget(session_id)
+        intent = self.intents.read(session_id)
+        if intent is not None:
+            t = Transcript(self.fs, self.layout.transcript(session_id))
+            try:
+                self.intents.apply_files(intent, t.fd)
+            finally:
+                t.close()
+            self.intents.clear(session_id)
+            if isinstance(intent.archive, ArchiveStep):
+                self.archive.prune(session_id, intent.archive.root_id)
+            log.warning("session %s: a change cut short by the disk is finished", session_id)
+        self.intents.unfinished.discard(session_id)
 
     def idle_session(self, session_id: str) -> OpenSession | None:
         """The open session, when a call may write it at once without taking its lock.

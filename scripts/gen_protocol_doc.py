@@ -234,8 +234,11 @@ LAYOUT_OUTRO = """
   restamps its root): what the archive manifest, the cut and the stamp will be. Every step
   is idempotent and checks the state it finds (a cut carries the SHA-256 of the bytes it
   removes), so a host that dies mid-way finishes the change at its next start. When a
-  later step fails while the host lives, the call undoes what it did and answers
-  `STORAGE_ERROR`; only if the undo fails too does the intent stay (design: docs/design.md).
+  later step fails while the host lives, `saveActiveRevision` and `activateRevision` undo
+  what they did and answer `STORAGE_ERROR` (only if the undo fails too does the intent
+  stay); a `truncateFrom` has nothing left that a full disk can fail, and one that an I/O
+  error stops answers `STORAGE_ERROR` and is finished before the session is served again
+  (design: docs/design.md).
 - `sessions/<id>.jsonl.quarantine` gets one JSON line per line moved out of the transcript:
   `{"sessionId", "line", "offset", "reason", "rawBase64"}`.
 - `revisions/<id>/<rootId>/manifest.json` lists a root's archived revisions
@@ -288,10 +291,16 @@ An answer to a write means it is on disk. The order of every write (`host/_store
   the thread's scan proves the message is JSON, and a line whose message proves not to
   be one JSON value is then decoded whole, as any other line is, for its answer. Key
   order changes speed, never an answer.
-- **Truncation** (`truncateFrom`): the bytes to cut are read once (O(cut)); a cut that
-  archives a branch or restamps its root records an intent first; then the transcript is
-  cut at the byte offset the index knows (`ftruncate`, the restamped root line appended if
-  any, `fsync`), then the index. A plain cut is one `ftruncate` and needs no intent.
+- **Truncation** (`truncateFrom`): the bytes to cut are read once (O(cut)). A plain cut
+  is one `ftruncate` (and `fsync`) at the byte offset the index knows, then the index; it
+  needs no intent and no new space. A cut that archives a branch and restamps its root
+  first takes every byte of space it needs (the branch's payload, the new manifest in a
+  temp file, room for a root line that grows the file), then records an intent; past that
+  point nothing needs new space: the manifest is renamed in, the restamped root line is
+  written over the bytes at the root's offset and the file cut after it, `fsync`, then the
+  index. So a full disk fails such a call before anything changed (`STORAGE_ERROR`), never
+  half way. An index that cannot follow a cut already made (`SQLITE_FULL`) does not fail
+  the call: the session is rebuilt from its file before it is served again.
 - **Delete**: the transcript is renamed to `<id>.jsonl.deleted` and the folder fsynced (that
   is the commit point; a failed fsync or index delete renames it back), then the index rows
   go, then the session's other files are removed without an fsync: what a power cut brings
