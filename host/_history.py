@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Awaitable, Callable, Sequence
 
 from msgspec import UNSET, Raw
@@ -393,9 +394,10 @@ class HistoryMethods:
     def _put_back(self, s: OpenSession, offset: int, tail: bytes) -> None:
         try:
             fs, fd = self.store.fs, s.transcript.fd
-            fs.ftruncate(fd, offset)
-            fs.write_all(fd, tail)
-            fs.fsync(fd)
+            if os.fstat(fd).st_size != offset + len(tail):  # cut, if not durably
+                fs.ftruncate(fd, offset)
+                fs.write_all(fd, tail)
+                fs.fsync(fd)
         except OSError as exc:
             log.error("session %s: a failed cut could not be put back: %s", s.session_id, exc)
         self.store.forget(s.session_id)  # reopened, and reconciled if need be, on next use

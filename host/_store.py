@@ -157,6 +157,7 @@ class Store:
                 self.forget(session_id)  # its index lacks answered lines: reconcile
                 lags = True
         if session_id in self.intents.unfinished:
+            self.forget(session_id)
             await asyncio.to_thread(self.finish_change, session_id)
             lags = True
         s = self._open.get(session_id)
@@ -194,10 +195,10 @@ class Store:
         """Finish a change that failed past its point of no return (blocking).
 
         Its intent is on disk: its file steps are made as at a start (a manifest to commit,
-        a cut to make), then it is removed. ``OSError`` while the disk still fails: the
-        session stays unserved until then (or until the next start finishes it).
+        a cut to make), then it is removed; the caller has closed the session. ``OSError``
+        while the disk still fails: the session stays unserved until then (or until the
+        next start finishes it).
         """
-        self.forget(session_id)
         intent = self.intents.read(session_id)
         if intent is not None:
             t = Transcript(self.fs, self.layout.transcript(session_id))
