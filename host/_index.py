@@ -25,6 +25,7 @@ import datetime as dt
 import logging
 import os
 import sqlite3
+import stat
 import urllib.parse
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
@@ -219,6 +220,8 @@ def index_problem(path: str) -> str | None:
     """
     if not os.path.exists(path):
         return None
+    if not stat.S_ISREG(os.lstat(path).st_mode):  # a folder (read: "disk I/O error"), a FIFO
+        return "not a regular file"
     applied: list[str] = []
     try:
         with contextlib.closing(connect_read_only(path)) as conn:

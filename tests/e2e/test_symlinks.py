@@ -167,7 +167,13 @@ def _plant(path: Path, kind: str) -> None:
 # start for good (SIGTERM too); a folder there crashed it with a traceback.
 @pytest.mark.parametrize("kind", ["fifo", "folder"])
 @pytest.mark.parametrize(
-    "entry", ["sessions/s.intent.json", "revisions/s/m0/manifest.json", "sessions/s.meta.json"]
+    "entry",
+    [
+        "sessions/s.intent.json",
+        "revisions/s/m0/manifest.json",
+        "sessions/s.meta.json",
+        "index.sqlite3",  # a folder reads as SQLite's "disk I/O error": damage, not the disk
+    ],
 )
 async def test_a_fifo_or_folder_where_start_reads_a_file_does_not_stop_it(
     start_host: StartHost, data_dir: Path, kind: str, entry: str
