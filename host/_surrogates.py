@@ -9,18 +9,20 @@ truncated"), so the host answered PARSE_ERROR with ``id: null`` (issue 26, case 
 :func:`decode` is every decode of the host's that may meet such text (a request line, a
 message, a stored line, a checkpoint). It decodes as given first, so a line without a
 lone surrogate costs nothing more. When that fails and the text holds lone surrogate
-escapes, each is masked with the escape of a private-use character that the text does not
-use anywhere (six bytes for six: nothing moves), the copy is decoded, and the result gets
-the caller's bytes back: every ``Raw`` in it is unmasked, so a message (kept as ``Raw``
-all the way to the file) is stored as sent, and read back the same way. A decoded string
-cannot hold half a pair and be written again (UTF-8 has no encoding for it), so where the
-host keeps a string as text (a title, an id, a key of a message) it is refused as a
+escapes, each is masked (six bytes for six: nothing moves) with a character of plane 16
+(private use) that the text does not hold, the copy is decoded, and the result gets the
+caller's bytes back: every ``Raw`` in it is unmasked, so a message (kept as ``Raw`` all the
+way to the file) is stored as sent, and read back the same way. A decoded string cannot
+hold half a pair and be written again (UTF-8 has no encoding for it), so where the host
+keeps a string as text (a title, an id, a key of a message) it is refused as a
 ``ValidationError``; where it only looks (``read=True``) the half pair reads as U+FFFD.
+
+The way round costs a few scans at ``bytes.find``'s and ``bytes.replace``'s speed and a
+Python step per ``\\u`` escape, at most :data:`MAX_ESCAPES` of them, whatever a client sends.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -29,66 +31,59 @@ from msgspec import Raw
 
 T = TypeVar("T")
 
-_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u([0-9a-fA-F]{4})")
-"""A ``\\uXXXX`` escape (an even run of backslashes before it is not part of it)."""
-_ANY_ESCAPE = re.compile(rb"\\u([0-9a-fA-F]{4})")
-"""Those six bytes wherever they are (after an escaped backslash too): never a marker."""
-_PRIVATE_UTF8 = re.compile(b"\xee[\x80-\xbf][\x80-\xbf]|\xef[\x80-\xa3][\x80-\xbf]")
-"""A private-use character (U+E000-U+F8FF) written as UTF-8: never a marker either."""
-_PRIVATE = range(0xE000, 0xF900)
+MAX_ESCAPES = 10_000
+"""``\\uXXXX`` escapes a line may hold for its lone surrogates to be read (JSON.stringify
+escapes only those and control characters): past it the line is not JSON to the host."""
+_FILL = b"__"
+_HEX = b"0123456789abcdefABCDEF"
+_PLANE_16 = 0x100000  # U+100000-U+10FFFD: private use, four bytes of UTF-8 (+ _FILL: six)
 
 
 class _Masked:
     """A text with its lone surrogate escapes masked, and the way back."""
 
-    def __init__(self, data: bytes, lone: list[int], used: set[int]) -> None:
+    def __init__(self, data: bytes, lone: list[int]) -> None:
         out = bytearray(data)
-        free = (cp for cp in _PRIVATE if cp not in used)
-        back: dict[bytes, bytes] = {}  # marker escape -> the caller's escape
-        marks: dict[bytes, bytes] = {}
+        marks: dict[bytes, bytes] = {}  # the caller's escape -> its mask
         for at in lone:
             escape = data[at : at + 6]
             mark = marks.get(escape)
             if mark is None:
-                mark = marks[escape] = b"\\u%04x" % next(free)
-                back[mark] = escape
+                mark = marks[escape] = _mask(len(marks))
             out[at : at + 6] = mark
-        self.data = bytes(out)
-        self._back = back
-        self._marks = re.compile(b"|".join(re.escape(m) for m in back))
-        self._chars = {chr(int(m[2:], 16)) for m in back}
+        self.data = out  # decoded as it is: no copy of a 64 MiB line more
+        self._back = {mark: escape for escape, mark in marks.items()}
+        self._texts = [mark.decode() for mark in self._back]
 
     @classmethod
     def of(cls, data: bytes) -> _Masked | None:
-        """The masked text, or ``None`` when it holds no lone surrogate (or too many kinds)."""
-        units = [(m.end() - 6, int(m.group(1), 16)) for m in _ESCAPE.finditer(data)]
-        lone = []
-        i = 0
-        while i < len(units):
-            at, unit = units[i]
-            if 0xD800 <= unit < 0xDC00 and i + 1 < len(units):
-                nxt, low = units[i + 1]
-                if nxt == at + 6 and 0xDC00 <= low < 0xE000:  # a pair: one character
-                    i += 2
-                    continue
-            if 0xD800 <= unit < 0xE000:
-                lone.append(at)
-            i += 1
-        if not lone:
+        """The masked text, or ``None`` when it holds no lone surrogate, or too many escapes
+        (:data:`MAX_ESCAPES`), or holds a mask itself (a plane-16 character: never JS's)."""
+        if data.find(b"\xf4") >= 0:  # a plane-16 character: masks could be mistaken
             return None
-        used = {int(h, 16) for h in _ANY_ESCAPE.findall(data)}
-        used |= {ord(c.decode()) for c in _PRIVATE_UTF8.findall(data)}
-        kinds = {data[at : at + 6] for at in lone}
-        if len(kinds) > len(_PRIVATE) - sum(1 for cp in used if cp in _PRIVATE):
-            return None  # more spellings of half pairs than free markers: never from JS
-        return cls(data, lone, used)
+        # An escaped backslash, paired from the left as JSON reads it, is no escape's start:
+        # with those blanked (same length), every backslash left starts an escape.
+        plain = data.replace(b"\\\\", _FILL)
+        units: list[tuple[int, int]] = []
+        at, seen = plain.find(b"\\u"), 0
+        while at >= 0:
+            seen += 1
+            digits = plain[at + 2 : at + 6]
+            if seen > MAX_ESCAPES or len(digits) < 4 or digits.strip(_HEX):
+                return None  # too many escapes to be JSON.stringify's, or not JSON at all
+            unit = int(digits, 16)
+            if 0xD800 <= unit < 0xE000:
+                units.append((at, unit))
+            at = plain.find(b"\\u", at + 6)
+        lone = _lone(units)
+        return cls(data, lone) if lone else None
 
     def restore(self, value: Any, text: Callable[[str], str]) -> Any:
         """``value`` decoded from :attr:`data`, with the caller's bytes back in every Raw."""
         if isinstance(value, Raw):
-            return Raw(self._marks.sub(lambda m: self._back[m.group()], bytes(value)))
+            return Raw(self._unmask(bytes(value)))
         if isinstance(value, str):
-            return text(value) if any(c in self._chars for c in value) else value
+            return text(value) if any(t in value for t in self._texts) else value
         if isinstance(value, list):
             return [self.restore(v, text) for v in value]
         if isinstance(value, dict):
@@ -98,9 +93,40 @@ class _Masked:
             return msgspec.structs.replace(value, **fields)
         return value
 
+    def _unmask(self, data: bytes) -> bytes:
+        """``data`` with each mask (the only ``\xf4`` bytes in it) back as the caller's escape:
+        split at ``memchr``'s speed, a step per mask."""
+        parts = data.split(b"\xf4")
+        out = [parts[0]]
+        for part in parts[1:]:
+            out += (self._back[b"\xf4" + part[:5]], part[5:])
+        return b"".join(out)
+
     def read(self, value: str) -> str:
         """A string the host only looks at: each half pair reads as U+FFFD."""
-        return "".join("\ufffd" if c in self._chars else c for c in value)
+        for t in self._texts:
+            value = value.replace(t, "\ufffd")
+        return value
+
+
+def _mask(n: int) -> bytes:
+    return chr(_PLANE_16 + n).encode() + _FILL
+
+
+def _lone(units: list[tuple[int, int]]) -> list[int]:
+    """Offsets of the escapes of ``units`` (offset, code unit; in order) that are no pair."""
+    lone = []
+    i = 0
+    while i < len(units):
+        at, unit = units[i]
+        if unit < 0xDC00 and i + 1 < len(units):
+            nxt, low = units[i + 1]
+            if nxt == at + 6 and low >= 0xDC00:  # a high half, then a low one: a character
+                i += 2
+                continue
+        lone.append(at)
+        i += 1
+    return lone
 
 
 def _refuse(value: str) -> str:

@@ -22,7 +22,7 @@ from pathlib import Path
 import msgspec
 import msgspec.inspect as mi
 
-from host import _errors, _layout, _messages, _wire
+from host import _errors, _layout, _messages, _surrogates, _wire
 
 ROOT = Path(__file__).resolve().parent.parent
 OUTPUT = ROOT / "docs" / "protocol.md"
@@ -105,9 +105,11 @@ FRAMING = """\
   Anywhere the host keeps a string as text (a title, an id, a top-level key of a message,
   the request's `method` or `id`) it cannot be kept (UTF-8 has no encoding for it): the
   call is `INVALID_PARAMS` with the request's `id` (`INVALID_REQUEST` with `id: null` for
-  the envelope's own fields). A line spelling more than 6,400 different lone surrogate
-  escapes (upper- and lower-case hex mixed; `JSON.stringify` writes at most 2,048) is
-  `PARSE_ERROR`.
+  the envelope's own fields). Bounds: a line holding a lone surrogate is `PARSE_ERROR`
+  (`id: null`), as any line the host cannot read, when it holds more than @@MAX_ESCAPES@@
+  `\\uXXXX` escapes in all (`JSON.stringify` escapes only lone surrogates and control
+  characters) or a character of plane 16 (U+100000-U+10FFFF, private use): the host masks
+  lone surrogates with those while it reads the line.
 - A JSON value that is neither an object nor an array is `INVALID_REQUEST` (`id: null`);
   so is an empty batch `[]`. Inside a batch, each element that is not a request object gets
   its own `INVALID_REQUEST` in the batch's answer.
@@ -740,6 +742,7 @@ def _subst(text: str) -> str:
         .replace("@@MAX_LINE@@", f"{_wire.MAX_LINE:,}")
         .replace("@@MAX_MESSAGE@@", f"{_wire.MAX_MESSAGE:,}")
         .replace("@@MESSAGE_ROOM@@", f"{_wire.MESSAGE_ROOM:,}")
+        .replace("@@MAX_ESCAPES@@", f"{_surrogates.MAX_ESCAPES:,}")
         .replace("@@ID_PATTERN@@", _wire.ID_PATTERN)
     )
 

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from msgspec import Raw
 
-from host._surrogates import decode
+from host._surrogates import MAX_ESCAPES, decode
 
 FIELDS = msgspec.json.Decoder(dict[str, Raw])
 ANY = msgspec.json.Decoder()
@@ -87,3 +87,30 @@ def test_text_without_a_half_pair_is_decoded_once_as_given() -> None:
     pair = b'{"t":"\\ud83d\\ude00 \\\\ud83d"}'  # a pair, and an escaped backslash
     assert bytes(decode(msgspec.json.Decoder(Raw), pair)) == pair
     assert decode(ANY, pair) == {"t": "\U0001f600 \\ud83d"}
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b'"\\ud83d' + b"\\u00e9" * (MAX_ESCAPES - 1) + b'"',  # as many escapes as allowed
+        b'"' + b"".join(b"\\u%04x" % (0xD800 + i) for i in range(0, 2048, 2)) + b'"',
+        b'"\\ud83d\\\\\\ud83d\\\\ud83d"',  # escaped backslashes either side
+    ],
+)
+def test_within_the_bounds_every_half_pair_is_read(data: bytes) -> None:
+    parsed = json.loads(data)
+    assert bytes(decode(msgspec.json.Decoder(Raw), data)) == data
+    assert decode(ANY, b"[" + data + b"]", read=True) == [_read(parsed)]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b'"\\ud83d' + b"\\u00e9" * MAX_ESCAPES + b'"',  # more escapes than JSON.stringify writes
+        b'"\\ud83d \xf4\x80\x80\x80"',  # a character of plane 16, where the masks come from
+    ],
+)
+def test_past_the_bounds_a_half_pair_is_not_json_to_the_host(data: bytes) -> None:
+    json.loads(data)  # JSON all the same
+    with pytest.raises(msgspec.DecodeError):
+        decode(msgspec.json.Decoder(Raw), data)
