@@ -104,8 +104,8 @@ FRAMING = """\
   sent and read back as stored (see [Stored messages](#stored-messages-and-reads)).
   Anywhere the host keeps a string as text (a title, an id, a top-level key of a message,
   the request's `method` or `id`) it cannot be kept (UTF-8 has no encoding for it): the
-  call is `INVALID_PARAMS` with the request's `id` (`INVALID_REQUEST` with `id: null` for
-  the envelope's own fields). Bounds: a line holding a lone surrogate is `PARSE_ERROR`
+  call is `INVALID_PARAMS` with the request's `id` (`INVALID_REQUEST` in the envelope's
+  `method`; in its `id`, which cannot be echoed, `INVALID_REQUEST` with `id: null`). Bounds: a line holding a lone surrogate is `PARSE_ERROR`
   (`id: null`), as any line the host cannot read, when it holds more than @@MAX_ESCAPES@@
   `\\uXXXX` escapes in all (`JSON.stringify` escapes only lone surrogates and control
   characters) or a character of plane 16 (U+100000-U+10FFFF, private use): the host masks
