@@ -100,16 +100,17 @@ FRAMING = """\
 - A line that is not valid UTF-8 or not JSON is answered `PARSE_ERROR` with `id: null`.
 - A lone UTF-16 surrogate escape (half a surrogate pair, `"Bonjour \\ud83d"`: what
   JavaScript's `JSON.stringify` writes for a string cut in the middle of an emoji) is JSON
-  text, and is read as `JSON.parse` reads it. Inside a message's values it is stored as
-  sent and read back as stored (see [Stored messages](#stored-messages-and-reads)).
-  Anywhere the host keeps a string as text (a title, an id, a top-level key of a message,
-  the request's `method` or `id`) it cannot be kept (UTF-8 has no encoding for it): the
-  call is `INVALID_PARAMS` with the request's `id` (`INVALID_REQUEST` in the envelope's
-  `method`; in its `id`, which cannot be echoed, `INVALID_REQUEST` with `id: null`). Bounds: a line holding a lone surrogate is `PARSE_ERROR`
-  (`id: null`), as any line the host cannot read, when it holds more than @@MAX_ESCAPES@@
-  `\\uXXXX` escapes in all (`JSON.stringify` escapes only lone surrogates and control
-  characters) or a character of plane 16 (U+100000-U+10FFFF, private use): the host masks
-  lone surrogates with those while it reads the line.
+  text, and is read as `JSON.parse` reads it. Inside a message's values it is stored as sent
+  and read back as stored (see [Stored messages](#stored-messages-and-reads)). Anywhere the
+  host keeps a string as text (a title, an id, a top-level key of a message, the request's
+  `method` or `id`) it cannot be kept (UTF-8 has no encoding for it): the call is
+  `INVALID_PARAMS` with the request's `id` (`INVALID_REQUEST` in the envelope's `method`; in
+  its `id`, which cannot be echoed, `INVALID_REQUEST` with `id: null`). Bounds: a line
+  holding a lone surrogate is `PARSE_ERROR` (`id: null`), as any line the host cannot read,
+  when it holds more than @@MAX_ESCAPES@@ `\\uXXXX` escapes in all (`JSON.stringify` escapes
+  only lone surrogates and control characters) or a character of plane 16
+  (U+100000-U+10FFFF, private use): the host masks lone surrogates with those while it reads
+  the line.
 - A JSON value that is neither an object nor an array is `INVALID_REQUEST` (`id: null`);
   so is an empty batch `[]`. Inside a batch, each element that is not a request object gets
   its own `INVALID_REQUEST` in the batch's answer.

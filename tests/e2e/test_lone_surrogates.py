@@ -167,3 +167,8 @@ async def test_outside_a_message_a_lone_surrogate_is_refused_with_the_requests_i
         assert res["error"]["data"]["code"] == "INVALID_PARAMS", res
     assert transcript(data_dir, "s").read_bytes() == b""
     assert [r["sessionId"] for r in (await client.call("session.list"))["sessions"]] == ["s"]
+    # In the envelope: its method is INVALID_REQUEST; an id that cannot be echoed, id null.
+    bad = await client.raw(b'{"jsonrpc":"2.0","id":7,"method":"session.li\\ud83dst"}', 7)
+    assert bad["error"]["data"]["code"] == "INVALID_REQUEST"
+    bad = await client.raw(b'{"jsonrpc":"2.0","id":"x\\ud83d","method":"session.list"}')
+    assert (bad["id"], bad["error"]["data"]["code"]) == (None, "INVALID_REQUEST")
