@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 import aiofiles
 
 from host._errors import Conflict, StorageError
-from host._fs import FileSystem, NotRegularFile, read_regular
+from host._fs import FileSystem, NotRegularFile, read_regular, temp_name
 from host._layout import Layout, check_id, legal_id
 from host._messages import parse_stored
 
@@ -74,6 +74,10 @@ def _lines(session_id: str, root_id: str, rev: Revision, data: bytes) -> list[by
     return lines
 
 
+def _manifest(root_id: str, revisions: Sequence[Revision]) -> bytes:
+    return json.dumps({"rootId": root_id, "revisions": [asdict(r) for r in revisions]}).encode()
+
+
 def parse_ok(line: bytes) -> bool:
     return parse_stored(line) is not None
 
@@ -86,7 +90,9 @@ class Archive:
         self.fs = fs
 
     def folder(self, session_id: str, root_id: str) -> str:
-        return os.path.join(self.layout.revisions(session_id), check_id(root_id, "rootId"))
+        """The root's archive folder, once no folder on its way is a link (``UnsafeFolder``)."""
+        folder = os.path.join(self.layout.revisions(session_id), check_id(root_id, "rootId"))
+        return self.layout.checked(folder)
 
     def manifest(self, session_id: str, root_id: str) -> list[Revision]:
         """The root's revisions in order, read only (``ManifestDamaged`` when unreadable).
@@ -138,12 +144,8 @@ class Archive:
         folder = self.folder(session_id, root_id)
         self.fs.mkdir(folder)
         name = f"{revision:06d}-{os.urandom(4).hex()}.jsonl"
-        fd = self.fs.open(os.path.join(folder, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-        try:
-            self.fs.write_all(fd, b"".join(line + b"\n" for line in lines))
-            self.fs.fsync(fd)
-        finally:
-            self.fs.close(fd)
+        path = os.path.join(folder, name)
+        self.fs.write_new(path, b"".join(line + b"\n" for line in lines))  # gone on a failure
         self.fs.fsync_dir(folder)  # an intent may name it before the manifest does
         return name
 
@@ -155,8 +157,25 @@ class Archive:
         """
         folder = self.folder(session_id, root_id)
         self.fs.mkdir(folder)
-        body = {"rootId": root_id, "revisions": [asdict(r) for r in revisions]}
-        self.fs.write_atomic(os.path.join(folder, "manifest.json"), json.dumps(body).encode())
+        self.fs.write_atomic(os.path.join(folder, "manifest.json"), _manifest(root_id, revisions))
+
+    def prepare(self, session_id: str, root_id: str, revisions: Sequence[Revision]) -> str:
+        """Write the manifest a change will commit into a temp file beside it; return it.
+
+        Its space is taken now, before the change is recorded: :meth:`install` then needs
+        none, so a disk that fills meanwhile cannot stop a change half made.
+        """
+        folder = self.folder(session_id, root_id)
+        self.fs.mkdir(folder)
+        tmp = temp_name(os.path.join(folder, "manifest.json"))
+        self.fs.write_new(tmp, _manifest(root_id, revisions))
+        return tmp
+
+    def install(self, session_id: str, root_id: str, tmp: str) -> None:
+        """Rename a :meth:`prepare`d manifest into place and fsync the folder: the commit."""
+        folder = self.folder(session_id, root_id)
+        self.fs.rename(tmp, os.path.join(folder, "manifest.json"))
+        self.fs.fsync_dir(folder)
 
     def unnamed(self, session_id: str, root_id: str) -> list[str]:
         """The root's files its manifest does not name (payloads to remove).

@@ -21,6 +21,7 @@ from msgspec import Raw, Struct
 from host._fs import FileSystem, NotRegularFile, read_regular
 from host._index import now_iso
 from host._layout import Layout
+from host._surrogates import decode
 from host._wire import Id
 
 log = logging.getLogger("host.checkpoints")
@@ -56,10 +57,7 @@ class Checkpoints:
     def __init__(self, layout: Layout, fs: FileSystem) -> None:
         self.layout = layout
         self.fs = fs
-        suffix = ".inflight.json"
-        self.present: set[str] = {
-            name[: -len(suffix)] for name in os.listdir(layout.sessions) if name.endswith(suffix)
-        }
+        self.present: set[str] = set(layout.sidecar_ids(".inflight.json"))
         self._known: dict[str, tuple[str, str]] = {}  # read or saved here: (turn, message)
 
     def knows(self, session_id: str) -> bool:
@@ -94,8 +92,8 @@ class Checkpoints:
             self.forget(session_id)
             return None
         try:
-            cp = _DEC.decode(data)
-            cp.message_id = cp.message_id or _MESSAGE_ID.decode(cp.message).id
+            cp = decode(_DEC, data)
+            cp.message_id = cp.message_id or decode(_MESSAGE_ID, cp.message).id
         except (msgspec.MsgspecError, RecursionError) as exc:  # RecursionError: a hand edit
             raise ValueError(f"corrupt checkpoint: {exc}") from None
         self._known[session_id] = cp.turn_id, cp.message_id

@@ -33,6 +33,7 @@ from host._errors import (
 )
 from host._framing import TOO_LONG, _TooLong
 from host._locks import CURRENT_CALL, CallState
+from host._surrogates import decode
 from host._wire import (
     BATCH,
     CANCEL,
@@ -151,7 +152,7 @@ class Connection:
             first = line.lstrip()[:1]
         try:
             if first == b"[":
-                items = BATCH.decode(line)
+                items = decode(BATCH, line)
                 if not items:
                     self._spawn_send(_error(None, InvalidRequest("empty batch").to_object()))
                     return
@@ -162,7 +163,7 @@ class Connection:
                 if isinstance(part, bytes):
                     self._spawn_send(part)
             else:
-                _RAW.decode(line)  # JSON, but not a request: tell the two apart
+                decode(_RAW, line)  # JSON, but not a request: tell the two apart
                 err = InvalidRequest("a request must be a JSON object or a batch array")
                 self._spawn_send(_error(None, err.to_object()))
         except (msgspec.DecodeError, RecursionError) as exc:  # not JSON, or nested too deep
@@ -180,11 +181,11 @@ class Connection:
                 return None
             return self._call(method, params, None if note else rid, reply=reply, note=note)
         try:
-            env = ENVELOPE.decode(item)  # a DecodeError (not JSON) goes up to feed()
+            env = decode(ENVELOPE, item)  # a DecodeError (not JSON) goes up to feed()
         except msgspec.ValidationError as exc:
-            _RAW.decode(item)  # a type error seen before a truncation is still not JSON
+            decode(_RAW, item)  # a type error seen before a truncation is still not JSON
             try:
-                rid = ID_ONLY.decode(item).id
+                rid = decode(ID_ONLY, item).id
             except msgspec.MsgspecError:
                 rid = None
             if not isinstance(rid, int | str) or isinstance(rid, bool):
@@ -205,7 +206,7 @@ class Connection:
             if method not in self.handlers and method != "handshake":
                 raise MethodNotFound(f"unknown method {method!r}")
             try:
-                params = DECODERS[method].decode(params_raw)
+                params = decode(DECODERS[method], params_raw)
             except msgspec.ValidationError as exc:
                 if method == "handshake":
                     _version_mismatch(params_raw)  # "11" or 11.0 is not exactly 11
@@ -277,7 +278,7 @@ class Connection:
 
     def _cancel(self, params_raw: Raw | bytes) -> None:
         try:
-            rid = CANCEL.decode(params_raw).id
+            rid = decode(CANCEL, params_raw).id
         except msgspec.MsgspecError as exc:  # a notification's error is never sent
             raise InvalidParams(f"$/cancelRequest: {exc}") from None
         call = self.calls.get(_key(rid))
@@ -337,7 +338,7 @@ class Connection:
         # Each answer fits 64 MiB; together they may not: the largest give way to errors.
         while out and sum(len(b) + 1 for b in out) + 1 > MAX_LINE:
             i = max(range(len(out)), key=lambda k: len(out[k]))
-            rid = ID_ONLY.decode(out[i]).id
+            rid = decode(ID_ONLY, out[i]).id
             err = LimitExceeded("batch response over 64 MiB: send these calls on their own")
             out[i] = _error(rid, err.to_object())
         if out:
@@ -414,7 +415,7 @@ def _one_pass(item: bytes) -> tuple[str, Struct, Any] | None:
     ``None`` sends the request the two-phase way, which alone decides its error.
     """
     try:
-        req = REQUEST.decode(item)
+        req = decode(REQUEST, item)
     except (msgspec.MsgspecError, RecursionError):
         return None
     if req.jsonrpc != "2.0" or req.params is UNSET:
@@ -463,7 +464,7 @@ def _parse_error(exc: BaseException) -> bytes:
 def _version_mismatch(params_raw: Raw | bytes) -> None:
     """Raise ``ProtocolMismatch`` when a handshake names a version of the wrong type."""
     try:
-        got = _ANY_VERSION.decode(params_raw).protocol_version
+        got = decode(_ANY_VERSION, params_raw).protocol_version
     except msgspec.MsgspecError:
         return  # params that are not an object: INVALID_PARAMS
     if got is not UNSET and not (type(got) is int and got == PROTOCOL_VERSION):

@@ -27,7 +27,8 @@ _RENAME_EXCHANGE = 2
 _NO_EXCHANGE = (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM)
 _RWF_DSYNC: int = getattr(os, "RWF_DSYNC", 0)  # Linux 4.7
 _copy_file_range = getattr(os, "copy_file_range", None)  # Linux 4.5; not on macOS
-_renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_renameat2 = getattr(_LIBC, "renameat2", None)
 if _renameat2 is not None:
     _renameat2.argtypes = (
         ctypes.c_int,
@@ -37,6 +38,11 @@ if _renameat2 is not None:
         ctypes.c_uint,
     )
     _renameat2.restype = ctypes.c_int
+_FALLOC_FL_KEEP_SIZE = 1
+_fallocate = getattr(_LIBC, "fallocate", None)  # Linux: posix_fallocate cannot keep the size
+if _fallocate is not None:
+    _fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+    _fallocate.restype = ctypes.c_int
 
 
 class FileSystem:
@@ -109,6 +115,40 @@ class FileSystem:
             offset += n
             size -= n
 
+    def overwrite(self, fd: int, data: bytes, offset: int) -> None:
+        """Write ``data`` at ``offset`` over the bytes the file holds there (not appended).
+
+        Over blocks the file already has (or :meth:`reserve` took) it needs no new space
+        on ext4, xfs or tmpfs, so a full disk cannot fail it there (a copy-on-write file
+        system, APFS or btrfs, may). ``O_APPEND`` is lifted for it: Linux's ``pwrite``
+        appends on such a descriptor whatever the offset.
+        """
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        if flags & os.O_APPEND:
+            fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~os.O_APPEND)
+        try:
+            view = memoryview(data)
+            while view:
+                n = os.pwrite(fd, view, offset)
+                view, offset = view[n:], offset + n
+        finally:
+            if flags & os.O_APPEND:
+                fcntl.fcntl(fd, fcntl.F_SETFL, flags)
+
+    def reserve(self, fd: int, offset: int, size: int) -> None:
+        """Take the disk space for ``size`` bytes at ``offset`` now, the file's size unchanged.
+
+        ``fallocate(FALLOC_FL_KEEP_SIZE)``: a later :meth:`overwrite` that grows the file
+        into it needs no new space. ``ENOSPC`` when the disk is full. Where the call or the
+        file system has no such thing it does nothing: the space is then taken by the write.
+        """
+        if _fallocate is None or size <= 0:
+            return
+        if _fallocate(fd, _FALLOC_FL_KEEP_SIZE, offset, size):
+            code = ctypes.get_errno()
+            if code not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                raise OSError(code, os.strerror(code))
+
     def fsync(self, fd: int) -> None:
         """Flush a file's data and metadata to the disk."""
         os.fsync(fd)
@@ -172,7 +212,7 @@ class FileSystem:
         any step puts it back: a failed replace changes nothing.
         """
         tmp = temp_name(path)
-        self._write_file(tmp, data)
+        self.write_new(tmp, data)
         self._install(tmp, path)
 
     def write_swap(self, path: str, spare: str, data: bytes) -> None:
@@ -265,7 +305,7 @@ class FileSystem:
                 self.unlink(spare)
             raise
 
-    def _write_file(self, path: str, data: bytes) -> None:
+    def write_new(self, path: str, data: bytes) -> None:
         """Write ``data`` as a new file ``path`` and fsync it; removed on a failure."""
         fd = self.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         try:

@@ -10,8 +10,9 @@ it up to the next user message. Multi-file changes are written down first as an 
 from __future__ import annotations
 
 import asyncio
-import hashlib
+import contextlib
 import logging
+import os
 from collections.abc import Awaitable, Callable, Sequence
 
 from msgspec import UNSET, Raw
@@ -283,18 +284,14 @@ class HistoryMethods:
         intent: Intent,
         old: list[Revision],
         work: Callable[[], Awaitable[None]],
-        tail: bytes | None = None,
-        *,
-        record: bool = True,
     ) -> None:
         """Record the intent, commit its archive and do ``work``; on failure, undo it all.
 
-        A failed call changes nothing: the old manifest goes back and a cut gets its
-        ``tail`` back. Only when the undo itself fails does the intent stay, and the
-        change is then finished at the next start (the new state, never a third).
+        A failed call changes nothing: the old manifest goes back and the stamp's rewrite
+        is undone by its own recipe. Only when the undo itself fails does the intent stay,
+        and the change is then finished at the next start (the new state, never a third).
         """
-        if record:
-            await asyncio.to_thread(self.intents.record, intent)
+        await asyncio.to_thread(self.intents.record, intent)
         try:
             if isinstance(intent.archive, ArchiveStep):
                 revs = revisions_of(intent.archive)
@@ -303,32 +300,26 @@ class HistoryMethods:
                 )
             await work()
         except BaseException:
-            await asyncio.shield(asyncio.to_thread(self._undo, s, intent, old, tail))
+            await asyncio.shield(asyncio.to_thread(self._undo, s, intent, old))
             raise
-        if not record:
-            return
+        await self._tidy(s.session_id, intent)
+
+    async def _tidy(self, sid: str, intent: Intent) -> None:
         try:  # the change is made: tidying up can no longer fail the call
-            await asyncio.to_thread(self._finish, s.session_id, intent)
+            await asyncio.to_thread(self._finish, sid, intent)
         except OSError as exc:
-            log.warning("session %s: intent left after a finished change: %s", s.session_id, exc)
+            log.warning("session %s: intent left after a finished change: %s", sid, exc)
 
     def _finish(self, sid: str, intent: Intent) -> None:
         self.intents.clear(sid)
         if isinstance(intent.archive, ArchiveStep):
             self.archive.prune(sid, intent.archive.root_id)
 
-    def _undo(
-        self, s: OpenSession, intent: Intent, old: list[Revision], tail: bytes | None
-    ) -> None:
+    def _undo(self, s: OpenSession, intent: Intent, old: list[Revision]) -> None:
         sid = s.session_id
         try:
             if not self.store.is_open(s):
                 raise OSError("the transcript's own undo failed")
-            if tail is not None and isinstance(intent.cut, CutStep):
-                fs, fd = self.store.fs, s.transcript.fd
-                fs.ftruncate(fd, intent.cut.offset)
-                fs.write_all(fd, tail)
-                fs.fsync(fd)
             if isinstance(intent.archive, ArchiveStep):
                 self.archive.commit(sid, intent.archive.root_id, old)
             self._finish(sid, intent)
@@ -375,65 +366,126 @@ class HistoryMethods:
             if cut >= total:  # a retried call: the cut is already made
                 return TruncateResult(kept=total, removed=0, archived=0)
             (first,) = await self.store.index.rows(sid, cut, cut + 1)
-            step = CutStep(first.offset, s.size, "")
-            keep_from, new_rows = cut, []
-            archive: ArchiveStep | None = None
-            old: list[Revision] = []
+            before = await self.store.index.rows(sid, cut - 1, cut) if cut > 0 else []
             pager: Pager | None = None
             archived = 0
-            before = await self.store.index.rows(sid, cut - 1, cut) if cut > 0 else []
             if before and before[0].role == "user" and first.role != "user":
-                root = before[0]
-                _, msg = await self._root(s, root.message_id)
-                branch = await self._branch(s, root)
-                lines = await self.store.read_rows(s, branch)
-                _, active = _stamp_of(msg)
-                old = self.archive.load(sid, root.message_id)
-                revs, _slot = await asyncio.to_thread(
-                    self._plan, sid, root.message_id, active, lines
-                )
-                n = len(revs)
-                stamp = _pager(root.message_id, n + 1, n)
-                nl = NewLine.of(msg, msg.turn_id, stamp)
-                step = CutStep(root.offset, s.size, "", nl.data.decode())
-                keep_from, new_rows = root.line, [nl.row(root.line, root.offset)]
-                archive = ArchiveStep(root.message_id, [_rev(r) for r in revs])
-                pager = Pager(root_id=root.message_id, revision_count=n + 1, active_revision=n)
-                archived = len(lines)
-            # What is cut is read once (O(cut)): it is hashed into the intent, so the cut
-            # applies to exactly these bytes, and kept, so a failed cut can be put back.
-            tail = await asyncio.to_thread(s.transcript.read, step.offset, s.size - step.offset)
-            step.cut_sha256 = hashlib.sha256(tail).hexdigest()
-            # A plain cut is one ftruncate, atomic on its own: it needs no intent. A cut
-            # that appends the restamped root or archives a branch does.
-            plain = archive is None and step.append is None
-            intent = None if plain else Intent(sid, archive=archive or UNSET, cut=step)
-            await self._at("intent-recorded")
-
-            async def cut_and_index() -> None:
-                await self.store.index.mark_dirty(sid)
-                if intent is None:
-                    await asyncio.to_thread(self.store.cut_file, s, step.offset)
-                else:
-                    await asyncio.to_thread(self.intents.apply_cut, intent, s.transcript.fd)
-                stamp_now = s.transcript.stamp()
-                await self.store.index.replace_rows(
-                    sid, new_rows, stamp_now, cut, now_iso(), keep_from=keep_from
-                )
-                s.size, s.line_count = stamp_now.size, cut
-
-            await self._carry_out(
-                s,
-                intent or Intent(sid, cut=step),
-                old,
-                cut_and_index,
-                tail,
-                record=intent is not None,
-            )
+                pager, archived = await self._regenerate(s, before[0], cut)
+            else:
+                await self._plain_cut(s, first.offset, cut)
             self.store.count("truncations")
             return TruncateResult(
                 kept=cut, removed=total - cut, archived=archived, pager=pager or UNSET
             )
+
+    async def _plain_cut(self, s: OpenSession, offset: int, cut: int) -> None:
+        """Cut the transcript at ``offset`` (line ``cut``): one ``ftruncate``, atomic on its
+        own, which needs no new space; then the index follows."""
+        # Read once (O(cut)) only to put back what a failing disk cut but could not make
+        # durable; a full disk cannot fail a cut.
+        tail = await asyncio.to_thread(s.transcript.read, offset, s.size - offset)
+        await self.store.index.mark_dirty(s.session_id)
+        try:
+            await asyncio.to_thread(self.store.cut_file, s, offset)
+        except BaseException:
+            await asyncio.shield(asyncio.to_thread(self._put_back, s, offset, tail))
+            raise
+        await self._index_cut(s, [], cut, keep_from=cut)
+
+    def _put_back(self, s: OpenSession, offset: int, tail: bytes) -> None:
+        try:
+            fs, fd = self.store.fs, s.transcript.fd
+            if os.fstat(fd).st_size != offset + len(tail):  # cut, if not durably
+                fs.ftruncate(fd, offset)
+                fs.write_all(fd, tail)
+                fs.fsync(fd)
+        except OSError as exc:
+            log.error("session %s: a failed cut could not be put back: %s", s.session_id, exc)
+        self.store.forget(s.session_id)  # reopened, and reconciled if need be, on next use
+
+    async def _regenerate(self, s: OpenSession, root: Row, cut: int) -> tuple[Pager, int]:
+        """Cut the root's branch away (from line ``cut``), archive it, restamp the root.
+
+        Everything that needs new space comes first: the archived branch's payload, the
+        manifest that will name it (a temp file), room for the restamped root line when it
+        is longer than what it replaces, and the intent. A full disk fails one of those, and
+        the call changes nothing. Past the intent (the point of no return) the manifest is
+        renamed in, the root line written over the bytes it replaces and the file cut after
+        it: no new space (issue 26, case 9). A disk that fails there (EIO) leaves the change
+        to be finished when the session is next used, or at the next start.
+        """
+        sid = s.session_id
+        _, msg = await self._root(s, root.message_id)
+        branch = await self._branch(s, root)
+        lines = await self.store.read_rows(s, branch)
+        _, active = _stamp_of(msg)
+        revs, _slot = await asyncio.to_thread(self._plan, sid, root.message_id, active, lines)
+        n = len(revs)
+        nl = NewLine.of(msg, msg.turn_id, _pager(root.message_id, n + 1, n))
+        # What is cut is read once (O(cut)): it is hashed into the intent, so the cut
+        # applies to exactly these bytes.
+        tail = await asyncio.to_thread(s.transcript.read, root.offset, s.size - root.offset)
+        step = CutStep.planned(root.offset, tail, nl.data)
+        intent = Intent(
+            sid, archive=ArchiveStep(root.message_id, [_rev(r) for r in revs]), cut=step
+        )
+        await self._at("intent-recorded")
+        await self.store.index.mark_dirty(sid)  # before the point of no return
+        manifest = await asyncio.to_thread(self._take_space, s, intent)
+        try:
+            await asyncio.to_thread(self._cut_in_place, s, intent, manifest)
+        except BaseException:
+            self.intents.unfinished.add(sid)
+            self.store.forget(sid)
+            raise
+        await self._index_cut(s, [nl.row(root.line, root.offset)], cut, keep_from=root.line)
+        await self._tidy(sid, intent)
+        return Pager(root_id=root.message_id, revision_count=n + 1, active_revision=n), len(lines)
+
+    def _take_space(self, s: OpenSession, intent: Intent) -> str:
+        """Take the space the change needs, then record it; return the prepared manifest.
+
+        On a failure nothing is recorded and what was written is removed: no change.
+        """
+        assert isinstance(intent.archive, ArchiveStep) and isinstance(intent.cut, CutStep)
+        sid, root_id, cut = s.session_id, intent.archive.root_id, intent.cut
+        manifest = ""
+        try:
+            manifest = self.archive.prepare(sid, root_id, revisions_of(intent.archive))
+            if cut.end > cut.before:  # the root line grows the file: room for it now
+                self.store.fs.reserve(s.transcript.fd, cut.before, cut.end - cut.before)
+            self.intents.record(intent)  # the point of no return
+        except BaseException:
+            with contextlib.suppress(OSError):
+                if manifest:
+                    self.store.fs.unlink(manifest)
+                self.archive.prune(sid, root_id)  # the new payload: the manifest names none
+            raise
+        return manifest
+
+    def _cut_in_place(self, s: OpenSession, intent: Intent, manifest: str) -> None:
+        """Past the point of no return: nothing here needs new space."""
+        assert isinstance(intent.archive, ArchiveStep)
+        self.archive.install(s.session_id, intent.archive.root_id, manifest)
+        self.intents.apply_cut(intent, s.transcript.fd)
+
+    async def _index_cut(self, s: OpenSession, rows: list[Row], cut: int, keep_from: int) -> None:
+        """Make the index follow a cut the file already holds, durably.
+
+        The change is made, so the call succeeds whatever the index does: one that cannot
+        follow (a full disk fails its commit) lags, and the session is rebuilt from its file
+        before it is served again, as after a failed batch of appends.
+        """
+        stamp = s.transcript.stamp()
+        try:
+            await self.store.index.replace_rows(
+                s.session_id, rows, stamp, cut, now_iso(), keep_from=keep_from
+            )
+        except Exception as exc:
+            log.error("session %s: the index did not follow a cut (%s)", s.session_id, exc)
+            self.store.index_lags(s.session_id)
+            return
+        s.size, s.line_count = stamp.size, cut
 
     async def _will_resolve(self, sid: str, p: TruncateParams) -> bool:
         """Whether the cut resolves once the running turn is settled (its checkpoint too)."""

@@ -26,6 +26,7 @@ import datetime as dt
 import logging
 import os
 import sqlite3
+import stat
 import urllib.parse
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
@@ -167,6 +168,22 @@ def busy(exc: sqlite3.Error) -> bool:
     return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
+DISK_FULL = (sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_NOMEM)
+"""SQLite's codes for a disk that is full or failing (``IOERR``'s extended codes included)."""
+NOT_WRITABLE = (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_PERM, sqlite3.SQLITE_CANTOPEN)
+"""SQLite's codes for a file it may not write or open: a read-only disk, no permission."""
+
+
+def disk_trouble(exc: sqlite3.Error) -> bool:
+    """Whether ``exc`` is the disk's trouble (full, I/O error, read-only), never damage.
+
+    Such an index is left where it is: setting a good index aside for it would lose its
+    turn table, which nothing else holds (issue 26, case 10).
+    """
+    code: int = getattr(exc, "sqlite_errorcode", 0)
+    return code & 0xFF in DISK_FULL + NOT_WRITABLE
+
+
 _MIGRATIONS_TABLE = "CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied_at TEXT)"
 
 
@@ -224,6 +241,8 @@ def index_problem(path: str, busy_timeout: float = BUSY_TIMEOUT) -> str | None:
     """
     if not os.path.exists(path):
         return None
+    if not stat.S_ISREG(os.lstat(path).st_mode):  # a folder (read: "disk I/O error"), a FIFO
+        return "not a regular file"
     applied: list[str] = []
     try:
         with contextlib.closing(connect_read_only(path, busy_timeout)) as conn:
@@ -235,6 +254,8 @@ def index_problem(path: str, busy_timeout: float = BUSY_TIMEOUT) -> str | None:
     except sqlite3.DatabaseError as exc:
         if busy(exc):
             raise IndexBusy(path, exc) from None
+        if disk_trouble(exc):
+            raise
         return f"damaged ({exc})"
     ours = [name for name, _ in MIGRATIONS]
     if applied != ours[: len(applied)]:

@@ -200,17 +200,23 @@ def _count_lines(path: str) -> int:
 
 
 def text_of(message: dict[str, Any]) -> str:
-    """The text a message shows: string content, or its text blocks joined."""
+    """The text a message shows: string content, or its text blocks joined.
+
+    Half a surrogate pair (a reply cut mid-emoji, stored as sent) shows as U+FFFD: a
+    terminal or a file takes no lone surrogate.
+    """
     content = message.get("content")
     if isinstance(content, str):
-        return content
-    if isinstance(content, list):
+        text = content
+    elif isinstance(content, list):
         parts = []
         for block in content:
             if isinstance(block, dict):
                 parts.append(str(block.get("text") or f"[{block.get('type', 'block')}]"))
-        return " ".join(parts)
-    return "" if content is None else json.dumps(content)
+        text = " ".join(parts)
+    else:
+        text = "" if content is None else json.dumps(content)
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 def _first_line(message: dict[str, Any], width: int = 60) -> str:

@@ -33,7 +33,32 @@ class CutStep(Struct, rename="camel"):
     offset: int
     before: int  # the file's size before the cut
     cut_sha256: str  # of the bytes [offset, before): the cut applies to exactly those
-    append: str | None = None  # the restamped root line, written right after the cut
+    append: str | None = None  # the restamped root line, written at the offset
+    rest_sha256: str = ""  # of [end, before), when the cut file is shorter than the old one
+
+    @classmethod
+    def planned(cls, offset: int, tail: bytes, append: bytes | None) -> CutStep:
+        """The cut of ``tail`` (the file's bytes from ``offset``), ``append`` put in its place."""
+        step = cls(
+            offset, offset + len(tail), _sha(tail), None if append is None else append.decode()
+        )
+        if step.end < step.before:
+            step.rest_sha256 = _sha(tail[step.end - offset :])
+        return step
+
+    @property
+    def line(self) -> bytes:
+        """The bytes the cut leaves at its offset: the root line and its newline, or none."""
+        return b"" if self.append is None else self.append.encode() + b"\n"
+
+    @property
+    def end(self) -> int:
+        """The file's size once cut."""
+        return self.offset + len(self.line)
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 class StampStep(Struct, rename="camel"):
@@ -66,6 +91,9 @@ class Intents:
         self.archive = archive
         # Sessions whose finished change left its intent on disk (its removal failed).
         self.left: set[str] = set()
+        # Sessions whose change failed past its point of no return (the disk failed): it
+        # is finished (:meth:`Store.finish_change`) before the session is served again.
+        self.unfinished: set[str] = set()
 
     def record(self, intent: Intent) -> None:
         """Write the intent durably: from here on the change will happen."""
@@ -96,21 +124,32 @@ class Intents:
         if session_id in self.left:
             self.clear(session_id)
 
+    def read(self, session_id: str) -> Intent | None:
+        """The session's recorded intent, or ``None``."""
+        try:
+            return _DEC.decode(read_regular(self.layout.intent(session_id)))
+        except FileNotFoundError:
+            return None
+
     def pending(self) -> list[Intent]:
         """Return every intent left by a host that died (start-up only)."""
         out = []
-        for name in sorted(os.listdir(self.layout.sessions)):
-            if not name.endswith(".intent.json"):
-                continue
-            path = os.path.join(self.layout.sessions, name)
+        for sid in self.layout.sidecar_ids(".intent.json"):  # a stray name is left alone
+            path = self.layout.intent(sid)
             try:
-                out.append(_DEC.decode(read_regular(path)))
+                intent = _DEC.decode(read_regular(path))
             except NotRegularFile as exc:  # a FIFO, folder or link: not the host's to remove
                 log.error("%s left alone: %s", path, exc.strerror)
+                continue
             except (OSError, msgspec.MsgspecError, RecursionError) as exc:
                 # An intent is written atomically: a bad one was never recorded.
                 log.error("unreadable intent %s dropped: %s", path, exc)
                 self.fs.unlink(path)
+                continue
+            if intent.session_id != sid:  # a copy renamed by hand: never replayed
+                log.error("%s names session %r: not its own, left alone", path, intent.session_id)
+                continue
+            out.append(intent)
         return out
 
     def apply_files(self, intent: Intent, fd: int) -> None:
@@ -126,29 +165,45 @@ class Intents:
         self.apply_cut(intent, fd)
 
     def apply_cut(self, intent: Intent, fd: int) -> None:
-        """Make the cut as the intent says, if it has one (see :meth:`apply_files`)."""
-        if isinstance(intent.cut, CutStep):
-            cut = intent.cut
-            tail = b"" if cut.append is None else cut.append.encode() + b"\n"
-            size = os.fstat(fd).st_size
-            done = cut.offset + len(tail)
-            if size == done and self.fs.pread(fd, len(tail), cut.offset) == tail:
-                return  # already done
-            planned = size == cut.before and (
-                hashlib.sha256(self.fs.pread(fd, size - cut.offset, cut.offset)).hexdigest()
-                == cut.cut_sha256
-            )
-            # Cut, and the root line half written after it (a crash inside that write).
-            half = cut.offset < size < done and tail.startswith(
-                self.fs.pread(fd, size - cut.offset, cut.offset)
-            )
-            if not (planned or half) and size != cut.offset:
-                # Not one of the states this cut passes through: the file moved on since
-                # (a finished change whose intent could not be removed). Never cut it.
-                log.error("session %s: stale cut intent ignored", intent.session_id)
-                return
-            self.fs.ftruncate(fd, cut.offset)
-            if tail:
-                os.lseek(fd, 0, os.SEEK_END)
-                self.fs.write_all(fd, tail)
-            self.fs.fsync(fd)
+        """Make the cut as the intent says, if it has one (see :meth:`apply_files`).
+
+        The root line is written over the bytes it replaces, then the file is cut after it:
+        over blocks the file holds (or that :meth:`FileSystem.reserve` took), so on a full
+        disk (ext4, xfs, tmpfs) nothing here needs new space (issue 26, case 9).
+        """
+        if not isinstance(intent.cut, CutStep):
+            return
+        cut = intent.cut
+        line, end = cut.line, cut.end
+        size = os.fstat(fd).st_size
+        if size == end and self.fs.pread(fd, len(line), cut.offset) == line:
+            return  # already done
+        if not self._passes_through(cut, fd, size):
+            # Not one of the states this cut passes through: the file moved on since
+            # (a finished change whose intent could not be removed). Never cut it.
+            log.error("session %s: stale cut intent ignored", intent.session_id)
+            return
+        if line:
+            self.fs.overwrite(fd, line, cut.offset)
+        if size > end:
+            self.fs.ftruncate(fd, end)
+        self.fs.fsync(fd)
+
+    def _passes_through(self, cut: CutStep, fd: int, size: int) -> bool:
+        """Whether a file of ``size`` bytes is in a state the cut passes through."""
+        end = cut.end
+        if size == cut.before and self._sha(fd, cut.offset, size) == cut.cut_sha256:
+            return True  # as planned
+        if size == end or size == cut.offset:
+            return True  # the root line written over (perhaps torn); or cut by an older host
+        if size == cut.before and end < size:  # written over (perhaps torn), not yet cut
+            return cut.rest_sha256 == self._sha(fd, end, size)
+        if cut.before <= size < end:
+            return True  # written over on the way to growing into its reserved room, torn
+        # An older host cut first, then appended: the root line half written.
+        return cut.offset < size < end and cut.line.startswith(
+            self.fs.pread(fd, size - cut.offset, cut.offset)
+        )
+
+    def _sha(self, fd: int, start: int, stop: int) -> str:
+        return _sha(self.fs.pread(fd, stop - start, start))

@@ -18,8 +18,9 @@ from __future__ import annotations
 import logging
 import os
 import re
+import stat
 
-from host._errors import InvalidParams
+from host._errors import InvalidParams, StorageError
 from host._wire import ID_PATTERN
 
 _ID = re.compile(ID_PATTERN)
@@ -54,6 +55,15 @@ class UnsafeDataDir(Exception):
     """Raised when the data dir holds what the host must not follow (a symlinked folder)."""
 
 
+class UnsafeFolder(StorageError):
+    """Raised when a folder under the data dir is a symlink (or no folder) at run time.
+
+    The start refuses a linked ``sessions/`` or ``revisions/``, but a link can be planted
+    while the host runs (a sync client, a stray tool): every path of a write is checked
+    before use (:meth:`Layout.checked`), so the host never writes or deletes through one.
+    """
+
+
 class Layout:
     """Paths under one data dir; every session path goes through :func:`check_id`."""
 
@@ -65,7 +75,32 @@ class Layout:
         self.lock = os.path.join(self.root, "host.lock")
 
     def _session_file(self, session_id: str, suffix: str) -> str:
-        return os.path.join(self.sessions, check_id(session_id, "sessionId") + suffix)
+        name = check_id(session_id, "sessionId") + suffix
+        return os.path.join(self.checked(self.sessions), name)
+
+    def checked(self, folder: str) -> str:
+        """Return ``folder`` once every folder from the data dir down to it is a real one.
+
+        Raises :class:`UnsafeFolder` (naming the link) at the first that is a symlink or
+        no folder; one that does not exist yet ends the check (it is made as a folder).
+        One ``lstat`` per level, before each use: a link swapped in between the check and
+        the use is not caught, which takes writing into the data dir (0700) in that instant.
+        """
+        path = self.root
+        for part in os.path.relpath(folder, self.root).split(os.sep):
+            path = os.path.join(path, part)
+            try:
+                mode = os.lstat(path).st_mode
+            except FileNotFoundError:
+                break
+            if stat.S_ISLNK(mode) or not stat.S_ISDIR(mode):
+                what = "a symlink" if stat.S_ISLNK(mode) else "not a folder"
+                raise UnsafeFolder(
+                    f"{path} is {what}: the host follows no link out of its data dir and"
+                    " writes only into its own folders; remove it",
+                    errno="ELOOP" if stat.S_ISLNK(mode) else "ENOTDIR",
+                )
+        return folder
 
     def check_no_links(self) -> None:
         """Raise :class:`UnsafeDataDir` if a folder of the data dir, or its index, is a symlink.
@@ -141,6 +176,22 @@ class Layout:
         folded = session_id.lower()
         twins = (sid for sid in self.transcript_ids() if sid.lower() == folded)
         return next((sid for sid in twins if sid != session_id), None)
+
+    def sidecar_ids(self, suffix: str) -> list[str]:
+        """Session ids that have a ``<id><suffix>`` file in ``sessions/``, sorted.
+
+        A name that is no legal id (a copy named by hand, ``0 copy.inflight.json``) is no
+        session's: it is logged and left alone, so it cannot break the sessions that are.
+        """
+        out = []
+        for name in sorted(os.listdir(self.sessions)):
+            if name.endswith(suffix):
+                if legal_id(sid := name[: -len(suffix)]):
+                    out.append(sid)
+                else:
+                    path = os.path.join(self.sessions, name)
+                    log.warning("%s: not a legal session id, so no session's: left alone", path)
+        return out
 
     def transcript_ids(self, *, report: bool = False) -> list[str]:
         """Session ids that have a transcript file, sorted.

@@ -13,8 +13,9 @@ from typing import Any, Literal
 import msgspec
 from msgspec import UNSET, Raw, Struct, UnsetType
 
-from host._errors import Conflict, InvalidParams, ParseError
-from host._wire import Id
+from host._errors import Conflict, InvalidParams, LimitExceeded, ParseError
+from host._surrogates import decode
+from host._wire import MAX_MESSAGE, MESSAGE_ROOM, Id
 
 PAGER_KEYS = ("revisionRootId", "revisionCount", "activeRevision")
 Role = Literal["user", "assistant", "tool", "system"]
@@ -38,6 +39,7 @@ _HEAD = msgspec.json.Decoder(Head)
 _FIELDS = msgspec.json.Decoder(dict[str, Raw])
 _ENC = msgspec.json.Encoder()
 _RAW = msgspec.json.Decoder(Raw)
+_ANY = msgspec.json.Decoder()
 
 
 class Message:
@@ -70,7 +72,7 @@ class Message:
         if raw is None:
             return False
         try:
-            value = msgspec.json.decode(raw)
+            value = decode(_ANY, raw, read=True)
         except (msgspec.MsgspecError, RecursionError):
             return True  # numbers or nesting past what decodes: it is not empty
         if isinstance(value, str):
@@ -110,13 +112,20 @@ def parse_all(raws: Sequence[bytes]) -> list[Message]:
 def incoming_head(raw: bytes, what: str = "message") -> Head:
     """Validate the head of a message a caller wants written, or raise ``InvalidParams``.
 
-    A display-capped copy is ``CONFLICT``. The envelope already proved ``raw`` is JSON, so
-    the rest of the message needs no second scan when only the head is used (a checkpoint);
+    A display-capped copy is ``CONFLICT``; one over :data:`MAX_MESSAGE` is
+    ``LIMIT_EXCEEDED``. The envelope already proved ``raw`` is JSON, so the rest of the
+    message needs no second scan when only the head is used (a checkpoint);
     or, for a message split off its request (``host._endpoint._split``), this scan is what
     proves it: ``ParseError`` when it is not one JSON value, even past a field that failed.
     """
+    if len(raw) > MAX_MESSAGE:  # stored, stamped and read alone, it would pass 64 MiB
+        raise LimitExceeded(
+            f"{what} holds {len(raw)} bytes, over the {MAX_MESSAGE}-byte limit of a message"
+            f" (64 MiB less {MESSAGE_ROOM} bytes kept for the fields the host adds)",
+            limit=MAX_MESSAGE,
+        )
     try:
-        head = _HEAD.decode(raw)
+        head = decode(_HEAD, raw, read=True)
     except msgspec.ValidationError as exc:
         _json(raw, what)  # stopped at the bad field: the rest may still not be JSON
         raise InvalidParams(f"{what}: {exc}") from None
@@ -133,21 +142,26 @@ def incoming_head(raw: bytes, what: str = "message") -> Head:
 def _json(raw: bytes, what: str) -> None:
     """Raise ``ParseError`` unless ``raw`` is one JSON value."""
     try:
-        _RAW.decode(raw)
+        decode(_RAW, raw)
     except (msgspec.DecodeError, RecursionError) as exc:
         raise ParseError(f"{what}: {exc}") from None
 
 
 def parse_incoming(raw: bytes, what: str = "message") -> Message:
     """Validate a message a caller wants written (see :func:`incoming_head`)."""
-    return Message(incoming_head(raw, what), _FIELDS.decode(raw))
+    head = incoming_head(raw, what)
+    try:
+        fields = decode(_FIELDS, raw)
+    except msgspec.ValidationError as exc:  # half a surrogate pair in a key
+        raise InvalidParams(f"{what}: {exc}") from None
+    return Message(head, fields)
 
 
 def parse_stored(line: bytes) -> Message | None:
     """Parse a stored line; ``None`` when it is not a valid UTF-8 message (quarantine it)."""
     try:
         line.decode("utf-8")  # msgspec does not check UTF-8 inside raw values
-        return Message(_HEAD.decode(line), _FIELDS.decode(line))
+        return Message(decode(_HEAD, line, read=True), decode(_FIELDS, line))
     except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError, RecursionError):
         return None  # RecursionError: nested deeper than msgspec decodes (a hand edit)
 
@@ -156,7 +170,7 @@ def valid_line(line: bytes) -> bool:
     """Whether a stored line is still a JSON object in UTF-8 (a cheap check for reads)."""
     try:
         line.decode("utf-8")
-        _RAW.decode(line)
+        decode(_RAW, line)
     except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
         return False
     return line[:1] == b"{"
@@ -191,7 +205,7 @@ def display_capped(line: bytes, cap: int) -> bytes:
         return _clipped(line, cap)
     except (msgspec.MsgspecError, RecursionError):
         # Numbers or nesting past what decodes: keep the host's fields, drop the rest.
-        head = _FIELDS.decode(line)
+        head = decode(_FIELDS, line, read=True)
         keep = {k: v for k, v in head.items() if k in _KEEP}
         keep["capped"] = Raw(b"true")
         return _ENC.encode(keep)
@@ -203,7 +217,7 @@ def _short(v: str) -> bool:
 
 
 def _clipped(line: bytes, cap: int) -> bytes:
-    value = msgspec.json.decode(line)
+    value = decode(_ANY, line, read=True)  # a copy to show: a half pair shows as U+FFFD
     if not isinstance(value, dict):  # pragma: no cover - stored lines are objects
         return line
 

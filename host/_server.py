@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 import socket
+import sqlite3
 import stat
 import sys
 import threading
@@ -24,8 +25,8 @@ from typing import Any
 
 from host._endpoint import Connection
 from host._framing import CHUNK, LineReader
-from host._fs import DIR_MODE, NotRegularFile, open_regular
-from host._index import BUSY_TIMEOUT, IndexBusy
+from host._fs import DIR_MODE, NotRegularFile, open_regular, read_regular
+from host._index import BUSY_TIMEOUT, DISK_FULL, NOT_WRITABLE, IndexBusy
 from host._layout import UnsafeDataDir
 from host._service import Host
 
@@ -36,28 +37,72 @@ class DataDirBusy(Exception):
     """Raised when another process holds the data dir's lock."""
 
 
-def lock_data_dir(root: str) -> int:
-    """Take the data dir's exclusive lock for this process; return its descriptor."""
+class DataDirLock:
+    """The data dir's locks, held for the host's whole life (see :func:`lock_data_dir`)."""
+
+    def __init__(self, fds: list[int]) -> None:
+        self.fds = fds
+
+    def close(self) -> None:
+        """Let the data dir go."""
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
+
+
+def lock_data_dir(root: str) -> DataDirLock:
+    """Take the data dir's exclusive locks for this process.
+
+    Two ``flock``s: the data dir's own (a descriptor of the folder) and ``host.lock``'s,
+    which names the holder's pid. The folder's is what keeps a second host out even when
+    ``host.lock`` is deleted or replaced under a live host (a new file's lock proves
+    nothing); a symlinked path or a bind mount of the folder reaches the same lock. The
+    file's keeps out hosts that lock only it, and ``verify --repair``'s of older versions.
+    """
     os.makedirs(root, mode=DIR_MODE, exist_ok=True)
     path = os.path.join(root, "host.lock")
+    fds = [os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)]
     try:
-        fd = open_regular(path, os.O_RDWR | os.O_CREAT)  # never a link's target
-    except NotRegularFile:
-        msg = f"{path} is not a regular file (a link, folder or FIFO): remove it"
-        raise DataDirBusy(msg) from None
+        if not _flock(fds[0], folder=True):
+            raise DataDirBusy(_in_use(root, path))
+        try:
+            fds.append(open_regular(path, os.O_RDWR | os.O_CREAT))  # never a link's target
+        except NotRegularFile:
+            msg = f"{path} is not a regular file (a link, folder or FIFO): remove it"
+            raise DataDirBusy(msg) from None
+        if not _flock(fds[1], folder=False):
+            raise DataDirBusy(_in_use(root, path))
+        os.ftruncate(fds[1], 0)
+        os.pwrite(fds[1], f"{os.getpid()}\n".encode(), 0)
+    except BaseException:
+        DataDirLock(fds).close()
+        raise
+    return DataDirLock(fds)
+
+
+def _flock(fd: int, *, folder: bool) -> bool:
+    """Take an exclusive ``flock`` without waiting; ``False`` when another holds it.
+
+    Where a folder cannot be locked (NFS emulates ``flock`` with write locks, which a
+    folder's read-only descriptor cannot take) the file's lock alone guards the dir.
+    """
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
-        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
         if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            raise DataDirBusy(
-                f"data dir {root} is in use by another host (pid {holder}); one host per data dir"
-            ) from None
-        raise
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
+            return False
+        if not folder:
+            raise
+        log.warning("cannot lock the data dir's folder (%s): only host.lock guards it", exc)
+    return True
+
+
+def _in_use(root: str, path: str) -> str:
+    try:
+        holder = read_regular(path)[:64].decode(errors="replace").strip() or "unknown"
+    except OSError:  # deleted or replaced under its holder: the folder's lock still holds
+        holder = "unknown"
+    return f"data dir {root} is in use by another host (pid {holder}); one host per data dir"
 
 
 GC_THRESHOLDS = (5000, 50, 10)
@@ -384,13 +429,60 @@ class _Listener:
         self.ident = None
 
 
+EXIT_DISK_FULL = 4
+"""Exit status of a start the disk refused: full or failing. Nothing was changed."""
+EXIT_NOT_WRITABLE = 5
+"""Exit status of a start on a data dir the host may not write: read-only, no permission."""
+_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG, errno.ENOMEM)
+_READ_ONLY_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def refuse_start(data_dir: str, exc: OSError | sqlite3.Error) -> int:
+    """Log why the disk refused the start, in one line; return the exit status.
+
+    Re-raises what is no disk trouble (a bug's traceback is worth keeping). Never damage:
+    the index is left where it is (see ``host._index.disk_trouble``).
+    """
+    if isinstance(exc, OSError):
+        what = f"{errno.errorcode.get(exc.errno or 0, '?')}: {exc.strerror}: {exc.filename}"
+        full = exc.errno in _FULL_ERRNOS
+        if not full and exc.errno not in _READ_ONLY_ERRNOS:
+            raise exc
+        why = "read-only file system" if exc.errno == errno.EROFS else "no write permission"
+    else:
+        code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+        what = f"index: {exc}"
+        full = code in DISK_FULL
+        if not full and code not in NOT_WRITABLE:
+            raise exc
+        why = "read-only file system or no write permission"
+    if full:
+        log.error(
+            "cannot start on %s: the disk is full or failing (%s); nothing was changed:"
+            " start again once there is space or the disk is fixed",
+            data_dir,
+            what,
+        )
+        return EXIT_DISK_FULL
+    log.error(
+        "cannot start on %s: the data dir cannot be written (%s; %s); nothing was changed:"
+        " make it writable and start again",
+        data_dir,
+        why,
+        what,
+    )
+    return EXIT_NOT_WRITABLE
+
+
 async def serve(data_dir: str, socket_path: str | None, busy_timeout: float = BUSY_TIMEOUT) -> int:
     """Run the host on ``data_dir`` until end of input or shutdown; return the exit code."""
     try:
-        lock_fd = lock_data_dir(data_dir)
+        lock = lock_data_dir(data_dir)
     except DataDirBusy as exc:
         log.error("%s", exc)
         return 3
+    except OSError as exc:
+        return refuse_start(data_dir, exc)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()  # a signal during recovery: finish it, then exit 0 unserved
     signals = (signal.SIGTERM, signal.SIGINT)
@@ -407,8 +499,10 @@ async def serve(data_dir: str, socket_path: str | None, busy_timeout: float = BU
             except OSError as exc:
                 log.error("cannot listen on %s: %s", socket_path, exc)
                 return 2
+        started = False
         try:
             async with Host.open(data_dir, busy_timeout=busy_timeout) as host:
+                started = True
                 tune_gc()
                 for sig in signals:
                     loop.add_signal_handler(sig, host.shutdown_requested.set)
@@ -424,6 +518,10 @@ async def serve(data_dir: str, socket_path: str | None, busy_timeout: float = BU
         except UnsafeDataDir as exc:
             log.error("%s", exc)
             return 2
+        except (OSError, sqlite3.Error) as exc:
+            if started:
+                raise
+            return refuse_start(data_dir, exc)
         log.info("host stopped")
         return 0
     finally:
@@ -431,4 +529,4 @@ async def serve(data_dir: str, socket_path: str | None, busy_timeout: float = BU
             listener.close()
         for sig in signals:
             loop.remove_signal_handler(sig)
-        os.close(lock_fd)
+        lock.close()

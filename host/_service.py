@@ -19,7 +19,15 @@ from collections.abc import AsyncIterator
 from host._endpoint import Handler, Immediate, Stats
 from host._fs import FileSystem
 from host._history import HistoryMethods
-from host._index import BUSY_TIMEOUT, Index, IndexBusy, busy, index_problem, set_aside_index
+from host._index import (
+    BUSY_TIMEOUT,
+    Index,
+    IndexBusy,
+    busy,
+    disk_trouble,
+    index_problem,
+    set_aside_index,
+)
 from host._layout import Layout
 from host._recovery import Report, recover
 from host._sessions import SessionMethods
@@ -103,7 +111,7 @@ class Host:
                 except sqlite3.DatabaseError as exc:
                     if busy(exc):
                         raise IndexBusy(layout.index, exc) from None
-                    if attempt == 2:
+                    if attempt == 2 or disk_trouble(exc):  # full or failing: no damage
                         raise
                     problem = f"damaged ({exc})"  # beyond what the first look saw
                     continue

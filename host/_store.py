@@ -28,8 +28,8 @@ from host._checkpoints import Checkpoints
 from host._errors import NotFound, StorageError
 from host._fs import FileSystem
 from host._index import Index, Row, now_iso
-from host._intents import Intents
-from host._layout import Layout
+from host._intents import ArchiveStep, Intents
+from host._layout import Layout, UnsafeFolder
 from host._locks import UNSTARTED, LockTable
 from host._messages import Message, pager_json, valid_line
 from host._transcript import Piece, Rewrite, Transcript
@@ -151,11 +151,17 @@ class Store:
 
     async def open_session(self, session_id: str) -> OpenSession:
         """Return the open session (call under its lock), or raise ``NotFound``."""
+        lags = False  # its index lags its file: reconciled whatever the stamps say
         if self.index.stale:
             await self.index.settle()  # every queued row of this session is through
             if session_id in self.index.stale:
                 self.index.reconciling(session_id)
                 self.forget(session_id)  # its index lacks answered lines: reconcile
+                lags = True
+        if session_id in self.intents.unfinished:
+            self.forget(session_id)
+            await asyncio.to_thread(self.finish_change, session_id)
+            lags = True
         s = self._open.get(session_id)
         if s is not None:
             return s
@@ -168,17 +174,45 @@ class Store:
             transcript = Transcript(self.fs, self.layout.transcript(session_id))
         except FileNotFoundError:
             raise NotFound("session", session_id) from None
-        if not row.matches(transcript.stamp()):
+        if lags or not row.matches(transcript.stamp()):
             # Changed behind the index's back (a write that failed half-way): the file is
             # the truth, so index it again, and reopen it (a quarantine replaces it).
             transcript.close()
-            await reconcile(self, session_id)
+            await reconcile(self, session_id, full=lags)
             row = await self.index.session(session_id)
             assert row is not None
             transcript = Transcript(self.fs, self.layout.transcript(session_id))
         s = OpenSession(session_id, transcript, row.line_count, row.byte_size)
         self._open[session_id] = s
         return s
+
+    def index_lags(self, session_id: str) -> None:
+        """A change is made in the file but the index could not follow (a full disk): the
+        session is rebuilt from its file before it is served again, as after a failed batch.
+        """
+        self.index.stale.add(session_id)
+        self.forget(session_id)
+
+    def finish_change(self, session_id: str) -> None:
+        """Finish a change that failed past its point of no return (blocking).
+
+        Its intent is on disk: its file steps are made as at a start (a manifest to commit,
+        a cut to make), then it is removed; the caller has closed the session. ``OSError``
+        while the disk still fails: the session stays unserved until then (or until the
+        next start finishes it).
+        """
+        intent = self.intents.read(session_id)
+        if intent is not None:
+            t = Transcript(self.fs, self.layout.transcript(session_id))
+            try:
+                self.intents.apply_files(intent, t.fd)
+            finally:
+                t.close()
+            self.intents.clear(session_id)
+            if isinstance(intent.archive, ArchiveStep):
+                self.archive.prune(session_id, intent.archive.root_id)
+            log.warning("session %s: a change cut short by the disk is finished", session_id)
+        self.intents.unfinished.discard(session_id)
 
     def idle_session(self, session_id: str) -> OpenSession | None:
         """The open session, when a call may write it at once without taking its lock.
@@ -412,6 +446,7 @@ class Store:
         s.size = stamp.size
 
     def _rewrite_file(self, s: OpenSession, pieces: Sequence[Piece]) -> Rewrite:
+        self.layout.transcript(s.session_id)  # its temp file goes into no linked folder
         self.intents.settle(s.session_id)  # never a stale intent over a rewritten file
         return s.transcript.rewrite(pieces)
 
@@ -456,7 +491,12 @@ class Store:
         self.checkpoints.forget(session_id)  # first: an unlink may fail
         for path in [*self.layout.session_files(session_id), self.layout.quarantine(session_id)]:
             self.fs.unlink(path)
-        shutil.rmtree(self.layout.revisions(session_id), ignore_errors=True)
+        try:  # rmtree follows no link inside, but would go through a linked folder above
+            folder = self.layout.checked(self.layout.revisions(session_id))
+        except UnsafeFolder as exc:
+            log.warning("session %s: its archive is left alone: %s", session_id, exc)
+            return
+        shutil.rmtree(folder, ignore_errors=True)
 
     def remove_leftovers(self) -> None:
         """Remove the files of sessions whose transcript is gone (start-up, before serving).

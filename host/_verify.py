@@ -8,14 +8,22 @@ from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 import sys
 from typing import TextIO
 
 from host._fs import FileSystem
-from host._index import BUSY_TIMEOUT, Index, IndexBusy, index_problem, set_aside_index
+from host._index import (
+    BUSY_TIMEOUT,
+    Index,
+    IndexBusy,
+    disk_trouble,
+    index_problem,
+    set_aside_index,
+)
 from host._layout import Layout, UnsafeDataDir
 from host._recovery import recover, scan
-from host._server import DataDirBusy, lock_data_dir
+from host._server import DataDirBusy, DataDirLock, lock_data_dir
 from host._store import Store
 from host._transcript import FileStamp, Transcript
 
@@ -42,10 +50,10 @@ async def verify(
     if not repair and not os.path.exists(layout.index):
         print(f"no index at {layout.index}: run with --repair to build it", file=out)
         return 1
-    lock_fd = None
+    lock: DataDirLock | None = None
     if repair:
         try:
-            lock_fd = lock_data_dir(layout.root)
+            lock = lock_data_dir(layout.root)
         except DataDirBusy as exc:
             print(f"cannot repair: {exc}", file=out)
             return 2
@@ -70,9 +78,14 @@ async def verify(
     except IndexBusy as exc:
         print(f"cannot verify: {exc}", file=out)
         return 2
+    except sqlite3.Error as exc:
+        if not disk_trouble(exc):
+            raise
+        print(f"cannot verify: the index cannot be used now ({exc})", file=out)
+        return 2
     finally:
-        if lock_fd is not None:
-            os.close(lock_fd)
+        if lock is not None:
+            lock.close()
     if problems:
         print(f"{problems} problem(s) found", file=out)
         return 1

@@ -18,6 +18,11 @@ from msgspec import UNSET, Meta, Raw, Struct, UnsetType
 
 PROTOCOL_VERSION = 11
 MAX_LINE = 64 * 1024 * 1024  # 67,108,864 bytes, newline excluded
+MESSAGE_ROOM = 4096
+"""Bytes of the line limit a message leaves for what the host adds to it once stored
+(``turnId``, ``status``, the pager stamp: a few hundred bytes at most) and for the answer
+that carries it alone: every stored line stays readable as a page of one."""
+MAX_MESSAGE = MAX_LINE - MESSAGE_ROOM  # 67,104,768 bytes, as the caller sends it
 
 ID_PATTERN = r"^(?!\.\.?\Z)[A-Za-z0-9._:-]{1,128}\Z"  # \Z: "$" would let "ab\n" in
 Id = Annotated[str, Meta(pattern=ID_PATTERN)]

@@ -22,7 +22,7 @@ from pathlib import Path
 import msgspec
 import msgspec.inspect as mi
 
-from host import _errors, _index, _layout, _messages, _platform, _wire
+from host import _errors, _index, _layout, _messages, _platform, _surrogates, _wire
 
 ROOT = Path(__file__).resolve().parent.parent
 OUTPUT = ROOT / "docs" / "protocol.md"
@@ -89,7 +89,28 @@ FRAMING = """\
   `LIMIT_EXCEEDED` instead (page `session.get` with `limit` and `beforeLine`). The results
   that can grow that large are those of reads (`session.get`, `session.listRevisions` with
   `includeMessages`), which change nothing.
+- A message (`message`, `prompt`, each item of `messages`) may hold at most
+  @@MAX_MESSAGE@@ bytes as sent: 64 MiB less @@MESSAGE_ROOM@@ bytes kept for what the
+  host adds to its stored line (`turnId`, `status`, the pager stamp: a few hundred bytes
+  at most) and for the answer that carries it. So every stored line stays readable as a
+  page of one (`session.get` with `limit: 1`), stamped or not. A longer message is
+  `LIMIT_EXCEEDED` (`data.limit`: @@MAX_MESSAGE@@) with the request's `id`, and nothing
+  is written; `saveInflightMessage` refuses it the same way, so no checkpoint too big to
+  promote is kept.
 - A line that is not valid UTF-8 or not JSON is answered `PARSE_ERROR` with `id: null`.
+- A lone UTF-16 surrogate escape (half a surrogate pair, `"Bonjour \\ud83d"`: what
+  JavaScript's `JSON.stringify` writes for a string cut in the middle of an emoji) is JSON
+  text, and is read as `JSON.parse` reads it. Inside a message's values it is stored as sent
+  and read back as stored (see [Stored messages](#stored-messages-and-reads)). Anywhere the
+  host keeps a string as text (a title, an id, a top-level key of a message, the request's
+  `method` or `id`) it cannot be kept (UTF-8 has no encoding for it): the call is
+  `INVALID_PARAMS` with the request's `id` (`INVALID_REQUEST` in the envelope's `method`; in
+  its `id`, which cannot be echoed, `INVALID_REQUEST` with `id: null`). Bounds: a line
+  holding a lone surrogate is `PARSE_ERROR` (`id: null`), as any line the host cannot read,
+  when it holds more than @@MAX_ESCAPES@@ `\\uXXXX` escapes in all (`JSON.stringify` escapes
+  only lone surrogates and control characters) or a character of plane 16
+  (U+100000-U+10FFFF, private use): the host masks lone surrogates with those while it reads
+  the line.
 - A JSON value that is neither an object nor an array is `INVALID_REQUEST` (`id: null`);
   so is an empty batch `[]`. Inside a batch, each element that is not a request object gets
   its own `INVALID_REQUEST` in the batch's answer.
@@ -136,8 +157,12 @@ Extra members of `data`:
   differs from the one asked for only in case.
 - `STORAGE_ERROR`: `errno` (for example `"ENOSPC"`, `"EIO"`) when a file operation failed;
   an SQLite failure has none. `OSError` and `sqlite3.Error` become `STORAGE_ERROR` in
-  `to_error_object` and nowhere else.
-- `LIMIT_EXCEEDED` from `session.get`: `limit`, the byte limit.
+  `to_error_object` and nowhere else. `errno: "ELOOP"` (or `"ENOTDIR"`), with a message
+  naming the path, when a folder of the data dir the call would write in (`sessions/`,
+  `revisions/`, `revisions/<id>/`, `revisions/<id>/<rootId>/`) is a symlink (or no
+  folder): the host never writes or deletes through one, and the call changes nothing.
+  Remove the link and call again.
+- `LIMIT_EXCEEDED` from `session.get`, or for a message too long: `limit`, the byte limit.
 
 `INTERNAL` is a bug; its `message` names the method and the exception type, and the
 traceback goes to the host's log, never into `data`. A failed call changes nothing. Every
@@ -220,8 +245,11 @@ LAYOUT_OUTRO = """
   restamps its root): what the archive manifest, the cut and the stamp will be. Every step
   is idempotent and checks the state it finds (a cut carries the SHA-256 of the bytes it
   removes), so a host that dies mid-way finishes the change at its next start. When a
-  later step fails while the host lives, the call undoes what it did and answers
-  `STORAGE_ERROR`; only if the undo fails too does the intent stay (design: docs/design.md).
+  later step fails while the host lives, `saveActiveRevision` and `activateRevision` undo
+  what they did and answer `STORAGE_ERROR` (only if the undo fails too does the intent
+  stay); a `truncateFrom` has nothing left that a full disk can fail, and one that an I/O
+  error stops answers `STORAGE_ERROR` and is finished before the session is served again
+  (design: docs/design.md).
 - `sessions/<id>.jsonl.quarantine` gets one JSON line per line moved out of the transcript:
   `{"sessionId", "line", "offset", "reason", "rawBase64"}`.
 - `revisions/<id>/<rootId>/manifest.json` lists a root's archived revisions
@@ -231,7 +259,9 @@ LAYOUT_OUTRO = """
   then the manifest is replaced atomically, and payloads it no longer names are removed
   once the call is finished (so a failed call can go back to the old manifest). Listing
   revisions reads only the manifest.
-- `host.lock` holds the pid of the host that owns the data dir (an exclusive `flock`).
+- `host.lock` holds the pid of the host that owns the data dir. The host holds an exclusive
+  `flock` on it and one on the data dir's folder itself, so that deleting or replacing
+  `host.lock` under a live host lets no second host in.
 - Files are created 0600 and folders 0700 whatever the caller's umask; the socket is 0600.
 """
 
@@ -281,10 +311,16 @@ An answer to a write means it is on disk. The order of every write (`host/_store
   the thread's scan proves the message is JSON, and a line whose message proves not to
   be one JSON value is then decoded whole, as any other line is, for its answer. Key
   order changes speed, never an answer.
-- **Truncation** (`truncateFrom`): the bytes to cut are read once (O(cut)); a cut that
-  archives a branch or restamps its root records an intent first; then the transcript is
-  cut at the byte offset the index knows (`ftruncate`, the restamped root line appended if
-  any, `fsync`), then the index. A plain cut is one `ftruncate` and needs no intent.
+- **Truncation** (`truncateFrom`): the bytes to cut are read once (O(cut)). A plain cut
+  is one `ftruncate` (and `fsync`) at the byte offset the index knows, then the index; it
+  needs no intent and no new space. A cut that archives a branch and restamps its root
+  first takes every byte of space it needs (the branch's payload, the new manifest in a
+  temp file, room for a root line that grows the file), then records an intent; past that
+  point nothing needs new space: the manifest is renamed in, the restamped root line is
+  written over the bytes at the root's offset and the file cut after it, `fsync`, then the
+  index. So a full disk fails such a call before anything changed (`STORAGE_ERROR`), never
+  half way. An index that cannot follow a cut already made (`SQLITE_FULL`) does not fail
+  the call: the session is rebuilt from its file before it is served again.
 - **Delete**: the transcript is renamed to `<id>.jsonl.deleted` and the folder fsynced (that
   is the commit point; a failed fsync or index delete renames it back), then the index rows
   go, then the session's other files are removed without an fsync: what a power cut brings
@@ -377,7 +413,10 @@ PROTOCOL.md is silent on these points (or leaves them open); this is what the co
   (number spelling, string escapes, key order) but whitespace between tokens is removed and
   duplicate keys are collapsed (the last value wins, at the first key's position). The host
   then sets `turnId` (in place, or appended at the end), removes any pager fields the caller
-  sent and appends the stored ones at the end.
+  sent and appends the stored ones at the end. A lone surrogate escape in a value is kept
+  as those bytes; `session.get` answers them as stored (a client reads them as
+  `JSON.parse` does), and a `displayCap` copy, decoded and re-encoded, shows each as
+  U+FFFD, as `host inspect` and `export --format markdown` do.
 - **`turnId` precedence**: `appendMessage` and `beginTurn` store the call's `turnId`, else the
   message's. `updateMessage` and `replaceMessages` keep the `turnId` already stored for that
   id (the message's own is used only when none is stored), so a rewrite cannot re-attribute.
@@ -514,12 +553,14 @@ read and the write inside one hold of the lock instead:
 - `host.shutdown` answers `{shuttingDown: true}`, stops reading on every connection (in
   socket mode too), finishes the calls in flight and exits 0. Lines sent after it that were
   not yet read are not served.
-- One host per data dir: a second `serve` (or `verify --repair`) on the same dir exits at once
-  with a message naming the pid that holds `host.lock`. A socket path that another process
-  still answers on is refused the same way; a leftover socket file nobody answers on is
-  removed. The socket is bound before start-up recovery (clients that connect meanwhile
-  wait to be accepted), so a bad or busy path fails at once. At stop the host stops
-  listening, removes the socket file if it is still its own, then waits for slow clients.
+- One host per data dir: a second `serve` (or `verify --repair`) on the same dir exits at
+  once with a message naming the pid that holds `host.lock` (`pid unknown` when that file
+  was deleted or replaced under its holder: the lock on the folder itself still holds). A
+  socket path that another process still answers on is refused the same way; a leftover
+  socket file nobody answers on is removed. The socket is bound before start-up recovery
+  (clients that connect meanwhile wait to be accepted), so a bad or busy path fails at once.
+  At stop the host stops listening, removes the socket file if it is still its own, then
+  waits for slow clients.
 """
 
 COMMAND_LINE = """\
@@ -534,8 +575,15 @@ COMMAND_LINE = """\
   process, or when another program holds the index locked past the busy timeout (the index
   is left as it is); 2 for a
   usage error or a socket path that cannot be bound (too long, a folder it cannot make);
-  @@EXIT_UNSUPPORTED@@ on a platform the host does not run on (Windows: no `fcntl`), with one
-  line on stderr that says so. The host runs on Linux and macOS.
+  4 when the disk refused the start because it is full or failing (`ENOSPC`, `EDQUOT`,
+  `EIO`; SQLite's `SQLITE_FULL`, `SQLITE_IOERR`): start again once there is space; 5 when
+  the data dir cannot be written (`EROFS`, `EACCES`, `EPERM`; SQLite's `SQLITE_READONLY`,
+  `SQLITE_PERM`, `SQLITE_CANTOPEN`): make it writable and start again. Each refusal is one
+  line on stderr (no traceback) and changes nothing: a full disk or an I/O error is never
+  taken for a damaged index, which is set aside only for damage (not SQLite, another
+  schema, `SQLITE_CORRUPT`); @@EXIT_UNSUPPORTED@@ on a platform the host does not run on
+  (Windows: no `fcntl`), with one line on stderr that says so. The host runs on Linux and
+  macOS.
 - `--busy-timeout S` (`serve`, `verify`, `inspect`; default @@BUSY_TIMEOUT@@ s): how long a
   statement waits for another program's lock on the index (SQLite's busy timeout) before it
   fails. At start that is exit 3 (`serve`), 2 (`verify`) or 1 (`inspect`); while serving, a
@@ -737,6 +785,9 @@ def _subst(text: str) -> str:
     return (
         text.replace("@@VERSION@@", str(_wire.PROTOCOL_VERSION))
         .replace("@@MAX_LINE@@", f"{_wire.MAX_LINE:,}")
+        .replace("@@MAX_MESSAGE@@", f"{_wire.MAX_MESSAGE:,}")
+        .replace("@@MESSAGE_ROOM@@", f"{_wire.MESSAGE_ROOM:,}")
+        .replace("@@MAX_ESCAPES@@", f"{_surrogates.MAX_ESCAPES:,}")
         .replace("@@ID_PATTERN@@", _wire.ID_PATTERN)
         .replace("@@BUSY_TIMEOUT@@", f"{_index.BUSY_TIMEOUT:g}")
         .replace("@@EXIT_UNSUPPORTED@@", str(_platform.EXIT_UNSUPPORTED))

@@ -17,9 +17,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import os
 import signal
 import sqlite3
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable, Iterator
 from pathlib import Path
@@ -41,6 +43,19 @@ _DEC = msgspec.json.Decoder()
 def dumps(value: Any) -> bytes:
     """Encode a value as one compact JSON text."""
     return _ENC.encode(value)
+
+
+def _loads(line: bytes) -> Any:
+    """Decode a reply as a JSON parser (JSON.parse, Python's json) reads it.
+
+    msgspec, fast, first; it refuses a lone UTF-16 surrogate escape (``"\\ud83d"``), which
+    RFC 8259's grammar allows and the host stores as sent, so Python's json reads those
+    (as a ``str`` holding the lone surrogate). ``ValueError`` when it is not JSON.
+    """
+    try:
+        return _DEC.decode(line)
+    except msgspec.DecodeError:
+        return json.loads(line)
 
 
 class RpcError(Exception):
@@ -92,8 +107,8 @@ class Client:
                     self.garbage.append(line)
                     break
                 try:
-                    msg = _DEC.decode(line)
-                except msgspec.DecodeError:
+                    msg = _loads(line)
+                except ValueError:
                     # A reply that is not JSON breaks the protocol: fail every waiter now.
                     self.garbage.append(line)
                     self._fail_all(AssertionError(f"host sent a non-JSON line: {line[:300]!r}"))
@@ -408,6 +423,23 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             tail = "".join(host.log_lines[-60:])
             report.sections.append((f"host stderr (pid {host.pid}, {host.log_path})", tail))
     return report
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 3 MiB file system (tmpfs) to fill up or remount read-only; needs root."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=3m,mode=0700", "tmpfs", str(mnt)],
+        capture_output=True,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 @pytest.fixture

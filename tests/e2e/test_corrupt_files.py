@@ -634,3 +634,49 @@ async def test_an_odd_entry_in_the_data_dir_does_not_stop_a_start(
     if kind == "illegal id":
         assert f"{odd}: not a legal session id" in host.log
         assert odd.read_bytes() == stray
+
+
+@pytest.mark.parametrize("stray", ["0 copy.inflight.json", "0 copy.intent.json"])
+async def test_a_stray_sidecar_name_is_left_alone_and_breaks_no_session(
+    start_host: StartHost, data_dir: Path, stray: str
+) -> None:
+    """Found at 650cc00 (issue 26, case 11): a copy named by hand broke every session.
+
+    ``sessions/0 copy.inflight.json`` (a file manager's copy of a checkpoint) made every
+    ``recoverInflightMessages`` answer INVALID_PARAMS, so the real checkpoints that sort
+    after it were never settled. A copied intent was worse: read by its content, it was
+    replayed over the session it names at every start, its old manifest over the archive.
+    A stray name is logged once and left alone, as an odd ``.jsonl`` is.
+    """
+    await two_streaming_turns(start_host)  # s and other: a running turn and a checkpoint
+    host, client = await _start(start_host, data_dir)
+    archived = [msg("old-a", "assistant")]  # an earlier answer to s-q, archived
+    await client.call("session.saveRevision", sessionId="s", rootId="s-q", messages=archived)
+    await host.kill()  # the turns stay running, their checkpoints unsettled
+    sessions = data_dir / "sessions"
+    body = (sessions / "s.inflight.json").read_bytes()
+    if stray.endswith(".intent.json"):  # a copy of an old intent: s-q's archive empty
+        body = b'{"sessionId":"s","archive":{"rootId":"s-q","revisions":[]}}'
+    (sessions / stray).write_bytes(body)
+    host, client = await _start(start_host, data_dir)
+    res = await client.call("session.recoverInflightMessages")
+    assert sorted((r["sessionId"], r["messageId"]) for r in res["recovered"]) == [
+        ("other", "other-a"),
+        ("s", "s-a"),
+    ]
+    for sid in ("s", "other"):
+        assert _ids(await get_messages(client, sid)) == [f"{sid}-q", f"{sid}-a"]
+    assert await client.call("session.recoverInflightMessages") == {"recovered": []}
+    await host.stop()
+    again, client = await _start(start_host, data_dir)  # the stray is not replayed either
+    assert _ids(await get_messages(client, "s")) == ["s-q", "s-a"]
+    revs = await client.call(
+        "session.listRevisions", sessionId="s", rootId="s-q", includeMessages=True
+    )
+    assert [[m["id"] for m in r["messages"]] for r in revs["revisions"]] == [["old-a"]]
+    await again.stop()
+    assert (sessions / stray).read_bytes() == body
+    for log in (host.log, again.log):
+        named = [line for line in log.splitlines() if stray in line]
+        assert len(named) == 1 and "left alone" in named[0], log
+        assert "Traceback" not in log

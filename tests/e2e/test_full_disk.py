@@ -12,29 +12,9 @@ Needs root (mount); skipped elsewhere, where the fault-injection seam covers ENO
 from __future__ import annotations
 
 import os
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import RpcError, StartHost, get_messages, msg, restart_host, run_cli
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=3m,mode=0700", "tmpfs", str(mnt)],
-        capture_output=True,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 async def test_a_full_disk_answers_storage_error_and_loses_nothing(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from tests.conftest import (
     MAX_LINE,
@@ -168,3 +169,59 @@ async def test_display_capped_page_of_big_messages_fits(
     assert page["messages"][0]["capped"] is True
     compact = [json.dumps(m, separators=(",", ":"), ensure_ascii=False) for m in page["messages"]]
     assert all(len(line.encode()) <= 1000 for line in compact)
+
+
+# -- a message near the limit ---------------------------------------------------------
+
+MAX_MESSAGE = MAX_LINE - 4096  # docs/protocol.md: the room kept for the host's own fields
+ROOT = "u" * 128  # the longest root id: the longest pager stamp
+
+
+def _message_chunks(size: int, mid: str = ROOT) -> list[bytes]:
+    """Chunks of one user message of exactly ``size`` bytes as sent."""
+    head = b'{"id":"%s","role":"user","content":"' % mid.encode()
+    tail = b'"}'
+    pad = size - len(head) - len(tail)
+    return [head, *([CHUNK] * (pad // MiB)), CHUNK[: pad % MiB], tail]
+
+
+async def _append_big(c: Client, rid: int, message: list[bytes]) -> dict[str, Any]:
+    """Send ``session.appendMessage`` of the message in ``message``; return the response."""
+    head = b'{"jsonrpc":"2.0","id":%d,"method":"session.appendMessage",' % rid
+    head += b'"params":{"sessionId":"s","message":'
+    answer = c.expect(rid)
+    await c.send_chunks([head, *message, b"}}\n"])
+    return await c.wait(answer)
+
+
+async def _stamped_and_read(c: Client) -> dict[str, Any]:
+    """Regenerate the root's reply (the host stamps the root), then read the root alone."""
+    await c.call("session.appendMessage", sessionId="s", message={"id": "a1", "role": "assistant"})
+    cut = await c.call("session.truncateFrom", sessionId="s", fromMessageId="a1")
+    assert cut["pager"] == {"rootId": ROOT, "revisionCount": 2, "activeRevision": 1}
+    return await c.request("session.get", {"sessionId": "s", "limit": 1})
+
+
+async def test_a_message_accepted_stays_readable_once_stamped(client: Client) -> None:
+    """Found at 650cc00 (issue 26, case 14): a user message accepted at the 64 MiB request
+    limit became unreadable once the host stamped its pager fields (about 180 bytes):
+    ``session.get {limit: 1}`` of that one line answered LIMIT_EXCEEDED, which no paging
+    can help. A message may now hold 64 MiB less 4 KiB, room for every field the host
+    adds; a longer one is refused with its own id, before anything is stored."""
+    await client.call("session.create", sessionId="s")
+    line = len(b'{"jsonrpc":"2.0","id":1,"method":"session.appendMessage","params":{}}')
+    at_line_limit = MAX_LINE - line - len(b'"sessionId":"s","message":')
+    resp = await _append_big(client, 1, _message_chunks(at_line_limit))
+    if "result" in resp:  # whatever is accepted must stay readable, stamped
+        page = await _stamped_and_read(client)
+        assert "result" in page, page["error"]
+    assert resp["error"]["data"] == {"code": "LIMIT_EXCEEDED", "limit": MAX_MESSAGE}
+    assert (await client.call("session.get", sessionId="s"))["totalLines"] == 0
+    over = await _append_big(client, 2, _message_chunks(MAX_MESSAGE + 1))
+    assert over["error"]["data"]["code"] == "LIMIT_EXCEEDED"
+    assert (await _append_big(client, 3, _message_chunks(MAX_MESSAGE)))["result"]["line"] == 0
+    page = await _stamped_and_read(client)
+    (root,) = page["result"]["messages"]
+    assert root["id"] == ROOT and root["revisionCount"] == 2
+    assert len(root["content"]) == MAX_MESSAGE - len(b'{"id":"","role":"user","content":""}') - 128
+    assert client.longest_line <= MAX_LINE

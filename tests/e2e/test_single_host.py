@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.conftest import Client, HostProcess, StartHost, get_messages, make_session, run_cli
+import pytest
+
+from tests.conftest import (
+    Client,
+    HostProcess,
+    StartHost,
+    get_messages,
+    make_session,
+    msg,
+    run_cli,
+)
 
 
 async def test_a_second_host_on_the_same_dir_exits_nonzero_naming_the_holder(
@@ -56,3 +66,34 @@ async def test_repair_is_refused_while_a_host_holds_the_dir(
     assert f"pid {host.pid}" in out + err
     assert (data_dir / "sessions" / "s.jsonl").read_bytes() == before
     assert len(await get_messages(client, "s")) == 2
+
+
+@pytest.mark.parametrize("how", ["unlinked", "replaced"])
+async def test_a_lock_file_removed_under_a_live_host_lets_no_second_host_in(
+    host: HostProcess, client: Client, start_host: StartHost, data_dir: Path, how: str
+) -> None:
+    """Found at 650cc00 (issue 26, case 8): the lock was only the file's.
+
+    With ``host.lock`` deleted (a cleanup script, a sync client), a second host took a
+    new file's lock and served the same data dir: with two writers, 39 acknowledged
+    appends became unreadable and ``verify`` failed, even after a restart.
+    """
+    sent = await make_session(client, "s", 2)
+    lock = data_dir / "host.lock"
+    lock.unlink()
+    if how == "replaced":
+        lock.write_bytes(b"12345\n")
+    second = await start_host()
+    assert await second.log_or_exit("recovered") is None, f"a second host started:\n{second.log}"
+    code = await second.wait()
+    assert code == 3, second.log
+    assert "in use by another host" in second.log and "Traceback" not in second.log
+    assert second.client is not None and second.client.lines == 0
+    # The first host still owns the dir: what it acknowledges stays readable.
+    more = [msg(f"n{i}", "assistant") for i in range(20)]
+    for m in more:
+        await client.call("session.appendMessage", sessionId="s", message=m)
+    assert await get_messages(client, "s") == sent + more
+    assert await host.stop() == 0
+    code, out, err = await run_cli("verify", "--data-dir", str(data_dir))
+    assert code == 0, out + err

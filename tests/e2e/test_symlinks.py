@@ -15,7 +15,15 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Client, HostProcess, StartHost, get_messages, msg, transcript
+from tests.conftest import (
+    Client,
+    HostProcess,
+    RpcError,
+    StartHost,
+    get_messages,
+    msg,
+    transcript,
+)
 from tests.e2e.turnkit import two_streaming_turns
 
 OUTSIDE = b"a file of the user's, outside the data dir\n"
@@ -159,7 +167,13 @@ def _plant(path: Path, kind: str) -> None:
 # start for good (SIGTERM too); a folder there crashed it with a traceback.
 @pytest.mark.parametrize("kind", ["fifo", "folder"])
 @pytest.mark.parametrize(
-    "entry", ["sessions/s.intent.json", "revisions/s/m0/manifest.json", "sessions/s.meta.json"]
+    "entry",
+    [
+        "sessions/s.intent.json",
+        "revisions/s/m0/manifest.json",
+        "sessions/s.meta.json",
+        "index.sqlite3",  # a folder reads as SQLite's "disk I/O error": damage, not the disk
+    ],
 )
 async def test_a_fifo_or_folder_where_start_reads_a_file_does_not_stop_it(
     start_host: StartHost, data_dir: Path, kind: str, entry: str
@@ -216,3 +230,88 @@ async def test_a_fifo_or_folder_at_a_checkpoint_is_set_aside_and_the_others_sett
     assert [p.name.split(".odd-")[0] for p in checkpoint.parent.glob("*.odd-*")] == [
         "s.inflight.json"
     ]
+
+
+def _tree(folder: Path) -> dict[str, bytes | None]:
+    """Every entry under ``folder``: a file's bytes, ``None`` for a folder."""
+    return {
+        str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None
+        for p in folder.rglob("*")
+    }
+
+
+def _link_at_run_time(data: Path, where: str, outside: Path) -> Path:
+    """Make ``data/where`` a link to ``outside`` (moving a real folder there aside)."""
+    path = data / where
+    if path.exists():
+        path.rename(path.with_name(path.name + ".moved"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.symlink_to(outside)
+    return path
+
+
+ARCHIVE_CALLS: dict[str, dict[str, Any]] = {
+    "regenerate": {"method": "session.truncateFrom", "fromMessageId": "a1"},
+    "saveRevision": {"method": "session.saveRevision", "rootId": "u1", "messages": [msg("x1")]},
+    "saveActiveRevision": {"method": "session.saveActiveRevision"},
+}
+
+
+@pytest.mark.parametrize("call", sorted(ARCHIVE_CALLS))
+@pytest.mark.parametrize("where", ["revisions/s/u1", "revisions/s", "revisions"])
+async def test_a_link_planted_in_the_archive_at_run_time_is_never_followed(
+    start_host: StartHost, data_dir: Path, outside: Path, where: str, call: str
+) -> None:
+    """Found at 650cc00 (issue 26, case 7): the archive followed links while serving.
+
+    With ``revisions/<sid>/<rootId>`` (or ``revisions/<sid>``) a link to a user's folder,
+    an ordinary regenerate, ``saveRevision`` or ``saveActiveRevision`` wrote a manifest
+    and a payload there and deleted every other file in it. The start's check of the
+    folders does not cover what is planted while the host runs.
+    """
+    host, client = await _serving(start_host, data_dir)
+    await client.call("session.create", sessionId="s")
+    for m in (msg("u1", "user"), msg("a1", "assistant")):
+        await client.call("session.appendMessage", sessionId="s", message=m)
+    link = _link_at_run_time(data_dir, where, outside)
+    before = _tree(outside)
+    params = {k: v for k, v in ARCHIVE_CALLS[call].items() if k != "method"}
+    with pytest.raises(RpcError) as err:
+        await client.call(ARCHIVE_CALLS[call]["method"], sessionId="s", **params)
+    assert err.value.name == "STORAGE_ERROR" and str(link) in err.value.error["message"]
+    assert _tree(outside) == before
+    assert [m["id"] for m in await get_messages(client, "s")] == ["u1", "a1"]
+    await client.call("session.delete", sessionId="s")  # its archive goes, not the link's
+    assert await host.stop() == 0
+    assert _tree(outside) == before
+    assert "Traceback" not in host.log, host.log
+
+
+@pytest.mark.parametrize("call", ["create", "checkpoint", "delete"])
+async def test_a_sessions_folder_linked_at_run_time_is_never_followed(
+    start_host: StartHost, data_dir: Path, outside: Path, call: str
+) -> None:
+    """The same class of bug in ``sessions/``: the start refuses a linked ``sessions/``,
+    but one swapped in while the host runs had new files written through it, and the
+    session files of a delete removed through it."""
+    host, client = await _serving(start_host, data_dir)
+    await client.call("session.create", sessionId="s")
+    await client.call("session.beginTurn", sessionId="s", turnId="t1", prompt=msg("u1"))
+    (outside / "s.meta.json").write_bytes(OUTSIDE)  # a user's file of a session's name
+    link = _link_at_run_time(data_dir, "sessions", outside)
+    before = _tree(outside)
+    method, params = {
+        "create": ("session.create", {"sessionId": "n"}),
+        "checkpoint": (
+            "session.saveInflightMessage",
+            {"sessionId": "s", "turnId": "t1", "message": msg("a1", "assistant")},
+        ),
+        "delete": ("session.delete", {"sessionId": "s"}),
+    }[call]
+    with pytest.raises(RpcError) as err:
+        await client.call(method, **params)
+    assert err.value.name == "STORAGE_ERROR" and str(link) in err.value.error["message"]
+    assert _tree(outside) == before
+    assert await host.stop() == 0
+    assert _tree(outside) == before
+    assert "Traceback" not in host.log, host.log

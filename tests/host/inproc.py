@@ -7,6 +7,7 @@ operation; everything protocol-shaped is tested over the real subprocess in test
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import sqlite3
@@ -27,8 +28,8 @@ class Crash(BaseException):
 class CrashingFileSystem(FileSystem):
     """A file system whose Nth call, and every call after it, kills the "process".
 
-    ``torn``: a write that is the Nth call first writes half its bytes, as a kill -9 in the
-    middle of a big ``write`` leaves them.
+    ``torn``: a write (an append or an overwrite) that is the Nth call first writes half its
+    bytes, as a kill -9 in the middle of a big ``write`` leaves them.
     """
 
     def __init__(self, crash_at: int, *, torn: bool = False) -> None:
@@ -43,6 +44,12 @@ class CrashingFileSystem(FileSystem):
         self._tick("write_all")
         FileSystem.write_all(self, fd, data)
 
+    def overwrite(self, fd: int, data: bytes, offset: int) -> None:
+        if self.torn and self.armed and self.calls + 1 >= self.crash_at:
+            FileSystem.overwrite(self, fd, data[: len(data) // 2], offset)
+        self._tick("overwrite")
+        FileSystem.overwrite(self, fd, data, offset)
+
     def _tick(self, what: str) -> None:
         if not self.armed:
             return
@@ -53,6 +60,8 @@ class CrashingFileSystem(FileSystem):
 
 FS_CALLS = (
     "open",
+    "overwrite",
+    "reserve",
     "link",
     "write_all",
     "write_synced",
@@ -79,11 +88,24 @@ def tick_before(cls: type, names: tuple[str, ...] = FS_CALLS) -> None:
         setattr(cls, name, method)
 
 
-tick_before(CrashingFileSystem, tuple(n for n in FS_CALLS if n != "write_all"))
+tick_before(CrashingFileSystem, tuple(n for n in FS_CALLS if n not in ("write_all", "overwrite")))
+
+
+ALLOCATING = ("write_all", "write_synced", "copy_range", "mkdir", "reserve", "sqlite-write")
+"""The seam's calls that need new space: the only ones a full disk fails."""
 
 
 class FaultyFileSystem(FileSystem):
-    """Fails its Nth operation (file or SQLite) with ``errno``: once, or from then on."""
+    """Fails its Nth operation with ``errno``: once, or from then on (``always``).
+
+    ``ENOSPC`` as a real file system (ext4, xfs, tmpfs) gives it: only on what needs new
+    space (:data:`ALLOCATING`: writing bytes, making a folder, reserving blocks, an SQLite
+    write, which fails with ``SQLITE_FULL``), never on what frees or moves space (an
+    unlink, a cut, a rename, an fsync) or overwrites bytes a file already holds; so its
+    Nth operation is its Nth allocation. A copy-on-write file system (APFS, btrfs) needs
+    space for those too; this models the ones that do not. Any other ``errno`` (``EIO``)
+    fails any operation, file or SQLite.
+    """
 
     def __init__(self, fail_at: int, err: int, *, always: bool = False) -> None:
         self.fail_at = fail_at
@@ -94,20 +116,30 @@ class FaultyFileSystem(FileSystem):
         self.failed = 0
 
     def _tick(self, what: str) -> None:
-        if not self.armed:
+        if not self.armed or (self.err == errno.ENOSPC and what not in ALLOCATING):
             return
         self.calls += 1
         if self.calls == self.fail_at or (self.always and self.calls > self.fail_at):
             self.failed += 1
-            if what == "sqlite":
-                raise sqlite3.OperationalError("disk I/O error (injected)")
+            if what.startswith("sqlite"):
+                full = self.err == errno.ENOSPC
+                exc = sqlite3.OperationalError(
+                    "database or disk is full (injected)" if full else "disk I/O error (injected)"
+                )
+                exc.sqlite_errorcode = sqlite3.SQLITE_FULL if full else sqlite3.SQLITE_IOERR  # type: ignore[attr-defined]
+                raise exc
             raise OSError(self.err, f"{os.strerror(self.err)} (injected at call {self.calls})")
 
     def sqlite(self, kind: str) -> None:
-        self._tick("sqlite")
+        self._tick(f"sqlite-{kind}")
 
 
 tick_before(FaultyFileSystem)
+
+
+def full_disk(fill_at: int) -> FaultyFileSystem:
+    """A disk that fills up at its ``fill_at``-th allocation and stays full."""
+    return FaultyFileSystem(fill_at, errno.ENOSPC, always=True)
 
 
 class Client:

@@ -138,3 +138,15 @@ OPS["checkpoint-big"] = lambda c: c(
     turnId="t3",
     message=msg("b3", content="4" * 80_000),
 )
+
+
+async def _tiny_branch(c: Client) -> None:
+    await c("session.recoverInflightMessages")  # t2's checkpoint settled first
+    await c("session.appendMessage", sessionId="s", message=msg("u3", "user"))
+    await c("session.appendMessage", sessionId="s", message={"id": "x", "role": "tool"})
+
+
+# A regenerate whose restamped root is longer than the root and branch it replaces: the
+# cut grows the file, into room reserved before the change is recorded.
+PRE["regenerate-grows"] = _tiny_branch
+OPS["regenerate-grows"] = lambda c: c("session.truncateFrom", sessionId="s", fromMessageId="x")

@@ -1,0 +1,127 @@
+"""A start on a disk the host cannot write: full, failing or read-only (issue 26, 10 and 12).
+
+The host exits with a documented status and one line on stderr (no traceback), and
+changes nothing: a full disk or an I/O error is not damage, so the index (and its turn
+table, which nothing else holds) is never set aside for it. Once the disk is writable
+again the next start serves everything as it was. A real file system each time: a small
+tmpfs filled with ballast, or remounted read-only (both need root; skipped elsewhere). A
+folder of the host's own user without write permission is no refusal: the host owns its
+modes (folders 0700) and sets them back; one of another user gives EACCES or EPERM, which
+exit 5 the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import HostProcess, StartHost, disk_state, get_messages, msg
+
+FULL = 4  # exit status: the disk is full or failing (docs/protocol.md, Command line)
+NOT_WRITABLE = 5  # exit status: the data dir is read-only or not ours to write
+
+
+async def _build(start_host: StartHost, data: Path, *, kill: bool) -> None:
+    """Session ``s``: a completed turn and a running one (so the turn table matters)."""
+    host = await start_host(data)
+    c = host.client
+    assert c is not None
+    await c.handshake()
+    await c.call("session.create", sessionId="s", title="kept")
+    await c.call("session.beginTurn", sessionId="s", turnId="t1", prompt=msg("u1"))
+    await c.call(
+        "session.appendMessage", sessionId="s", turnId="t1", message=msg("a1", "assistant")
+    )
+    await c.call("session.endTurn", sessionId="s", turnId="t1", status="completed")
+    await c.call("session.beginTurn", sessionId="s", turnId="t2", prompt=msg("u2"))
+    if kill:  # the index's WAL and shared memory stay behind
+        await host.kill()
+    else:
+        assert await host.stop() == 0
+
+
+def _files(data: Path) -> dict[str, bytes]:
+    """The transcripts and their sidecars (SQLite may checkpoint its own files meanwhile)."""
+    return disk_state(data)
+
+
+def _fill(disk: Path) -> Path:
+    """Write ballast until the disk is full; return it (removing it makes room again)."""
+    ballast = disk / "ballast"
+    fd = os.open(ballast, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        while True:
+            os.write(fd, b"\0" * 4096)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return ballast
+
+
+def _remount(disk: Path, mode: str) -> None:
+    subprocess.run(["mount", "-o", f"remount,{mode}", str(disk)], check=True)
+
+
+async def _refused(start_host: StartHost, data: Path, code: int) -> HostProcess:
+    host = await start_host(data)
+    assert await host.log_or_exit("recovered") is None, f"the host started:\n{host.log}"
+    assert await host.wait() == code, host.log
+    lines = host.log.splitlines()
+    assert len(lines) == 1 and " ERROR " in lines[0] and str(data) in lines[0], host.log
+    assert host.client is not None and host.client.lines == 0
+    return host
+
+
+async def _served_as_before(start_host: StartHost, data: Path) -> None:
+    host = await start_host(data)
+    c = host.client
+    assert c is not None
+    await c.handshake()
+    assert [m["id"] for m in await get_messages(c, "s")] == ["u1", "a1", "u2"]
+    assert (await c.call("session.list"))["sessions"][0]["title"] == "kept"
+    # The turn table survived: t1 is still known as completed (a rebuilt index has no turns).
+    ended = await c.call("session.endTurn", sessionId="s", turnId="t1", status="error")
+    assert ended == {"status": "completed", "recovered": False}
+    assert await host.stop() == 0
+    assert not list(data.glob("index.sqlite3.damaged-*"))
+
+
+@pytest.mark.parametrize("kill", [False, True], ids=["stopped", "killed"])
+async def test_a_full_disk_at_start_is_no_damage(
+    start_host: StartHost, small_disk: Path, kill: bool
+) -> None:
+    """Found at 650cc00 (issue 26, case 10): SQLite's "disk I/O error" (its shared memory
+    could not grow) and "database or disk is full" at start were taken for a damaged
+    index: it was moved aside, the host exited 1 with a traceback, and the next start,
+    with space back, rebuilt an index with no turn table."""
+    data = small_disk / "data"
+    await _build(start_host, data, kill=kill)
+    ballast = _fill(small_disk)
+    before = _files(data)
+    await _refused(start_host, data, FULL)
+    assert _files(data) == before
+    await _refused(start_host, data, FULL)  # as often as it is tried
+    os.unlink(ballast)
+    await _served_as_before(start_host, data)
+
+
+async def test_a_read_only_data_dir_is_refused_in_a_line(
+    start_host: StartHost, small_disk: Path
+) -> None:
+    """Found at 650cc00 (issue 26, case 12): a read-only data dir (a remount after disk
+    errors, a backup mounted read-only) crashed the start with a traceback."""
+    data = small_disk / "data"
+    await _build(start_host, data, kill=False)
+    before = _files(data)
+    _remount(small_disk, "ro")
+    try:
+        host = await _refused(start_host, data, NOT_WRITABLE)
+        assert "read-only" in host.log.lower(), host.log
+    finally:
+        _remount(small_disk, "rw")
+    assert _files(data) == before
+    await _served_as_before(start_host, data)
