@@ -34,18 +34,20 @@ from host._errors import (
 from host._framing import TOO_LONG, _TooLong
 from host._locks import CURRENT_CALL, CallState
 from host._wire import (
-    BATCH,
     CANCEL,
     DECODERS,
     ENCODER,
     ENVELOPE,
     ID_ONLY,
+    MAX_BATCH,
     MAX_LINE,
     PROTOCOL_VERSION,
     REQUEST,
     REQUEST_TYPES,
+    BatchTooLong,
     HandshakeParams,
     HandshakeResult,
+    batch_items,
 )
 
 log = logging.getLogger("host.rpc")
@@ -151,7 +153,7 @@ class Connection:
             first = line.lstrip()[:1]
         try:
             if first == b"[":
-                items = BATCH.decode(line)
+                items = batch_items(line)
                 if not items:
                     self._spawn_send(_error(None, InvalidRequest("empty batch").to_object()))
                     return
@@ -167,6 +169,8 @@ class Connection:
                 self._spawn_send(_error(None, err.to_object()))
         except (msgspec.DecodeError, RecursionError) as exc:  # not JSON, or nested too deep
             self._spawn_send(_parse_error(exc))
+        except BatchTooLong as exc:
+            self._spawn_send(_error(None, LimitExceeded(str(exc), limit=MAX_BATCH).to_object()))
 
     def _start(self, item: bytes, *, reply: bool) -> bytes | asyncio.Task[bytes | None] | None:
         alone = reply and not self.tasks and not self.more()
@@ -334,14 +338,8 @@ class Connection:
             body = await part if isinstance(part, asyncio.Task) else part
             if body is not None:
                 out.append(body)
-        # Each answer fits 64 MiB; together they may not: the largest give way to errors.
-        while out and sum(len(b) + 1 for b in out) + 1 > MAX_LINE:
-            i = max(range(len(out)), key=lambda k: len(out[k]))
-            rid = ID_ONLY.decode(out[i]).id
-            err = LimitExceeded("batch response over 64 MiB: send these calls on their own")
-            out[i] = _error(rid, err.to_object())
         if out:
-            await self.send(b"[" + b",".join(out) + b"]")
+            await self.send(_fit_batch(out))
 
     # -- output ---------------------------------------------------------------------
 
@@ -454,6 +452,29 @@ def _split(item: bytes, methods: Container[str]) -> tuple[str, Struct, Any] | No
     if bytes(params.message) != b"null":  # type: ignore[attr-defined]
         return None
     return method, msgspec.structs.replace(params, message=Raw(memoryview(item)[start:-2])), rid
+
+
+def _fit_batch(out: list[bytes]) -> bytes:
+    """The batch answer holding ``out``, within 64 MiB.
+
+    Each answer fits on its own; together they may not. Then the largest answers give way
+    to ``LIMIT_EXCEEDED`` errors, each only when its error is shorter than it, so every
+    step shrinks the line and there are at most ``len(out)`` of them. When that is not
+    enough (answers whose ids alone fill the line), the batch gets one error, ``id: null``.
+    """
+    size = sum(len(b) + 1 for b in out) + 1
+    if size > MAX_LINE:
+        err = LimitExceeded("batch response over 64 MiB: send these calls on their own")
+        for i in sorted(range(len(out)), key=lambda k: len(out[k]), reverse=True):
+            small = _error(ID_ONLY.decode(out[i]).id, err.to_object())
+            if len(small) < len(out[i]):
+                size -= len(out[i]) - len(small)
+                out[i] = small
+                if size <= MAX_LINE:
+                    break
+        if size > MAX_LINE:
+            return _error(None, err.to_object())
+    return b"[" + b",".join(out) + b"]"
 
 
 def _parse_error(exc: BaseException) -> bytes:

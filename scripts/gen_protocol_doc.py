@@ -93,6 +93,10 @@ FRAMING = """\
 - A JSON value that is neither an object nor an array is `INVALID_REQUEST` (`id: null`);
   so is an empty batch `[]`. Inside a batch, each element that is not a request object gets
   its own `INVALID_REQUEST` in the batch's answer.
+- A batch may hold at most @@MAX_BATCH@@ elements. A longer one is answered with one
+  `LIMIT_EXCEEDED` error, `id: null`, `data.limit` the cap, and none of its elements runs
+  (a line that is not JSON at all is still `PARSE_ERROR`). Split it: the outbox sends 256
+  at most.
 - A request without `"jsonrpc": "2.0"`, or whose `method` is not a string, or whose `id` is
   not an integer, a string or `null`, is `INVALID_REQUEST` (answered with its `id` when that
   `id` is an integer or a string, else `id: null`).
@@ -344,8 +348,11 @@ PROTOCOL.md is silent on these points (or leaves them open); this is what the co
   `INVALID_PARAMS` as a request, as PROTOCOL.md says, and is ignored silently as a
   notification (which is never answered).
 - **A batch answer over 64 MiB**: each answer fits the limit on its own, but when together
-  they do not, the largest answers are replaced by `LIMIT_EXCEEDED` errors until the batch
-  line fits. Send large reads on their own.
+  they do not, the largest answers are replaced by `LIMIT_EXCEEDED` errors (each with its
+  own `id`), largest first and each only when its error is the shorter, until the batch
+  line fits. When that cannot make it fit (answers whose ids alone fill the line), the
+  whole batch is answered with one `LIMIT_EXCEEDED` error, `id: null`. Either way the
+  answer is bounded in size and in the work to build it. Send large reads on their own.
 - **Batches**: the elements start in order (so calls on one session apply in that order);
   the batch's answer is one line, in element order, sent when all its calls have finished;
   a batch of only notifications gets no answer.
@@ -693,6 +700,7 @@ def _subst(text: str) -> str:
     return (
         text.replace("@@VERSION@@", str(_wire.PROTOCOL_VERSION))
         .replace("@@MAX_LINE@@", f"{_wire.MAX_LINE:,}")
+        .replace("@@MAX_BATCH@@", f"{_wire.MAX_BATCH:,}")
         .replace("@@ID_PATTERN@@", _wire.ID_PATTERN)
     )
 
