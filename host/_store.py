@@ -31,7 +31,7 @@ from host._index import Index, Row, now_iso
 from host._intents import Intents
 from host._layout import Layout
 from host._locks import UNSTARTED, LockTable
-from host._messages import Message, pager_json, valid_line
+from host._messages import Message, display_capped, pager_json, valid_line
 from host._transcript import Piece, Rewrite, Transcript
 
 log = logging.getLogger("host.store")
@@ -248,6 +248,28 @@ class Store:
     async def read_row(self, s: OpenSession, row: Row) -> bytes:
         """Read one stored line."""
         return (await self.read_rows(s, [row]))[0]
+
+    async def read_capped(
+        self, s: OpenSession, row: Row, cap: int, host_fields: dict[str, bytes]
+    ) -> bytes:
+        """Read one stored line as its display-capped copy (:func:`display_capped`).
+
+        The copy costs what it returns, not the line: the line is read (off the loop when
+        big) but not scanned whole; what the copy holds is checked, and a line that proves
+        not to be a message is damaged, as :meth:`read_rows` finds it.
+        """
+        size = row.length + 1
+        if size > BIG_WRITE:
+            data = await asyncio.to_thread(s.transcript.read, row.offset, size)
+        else:
+            data = s.transcript.read(row.offset, size)
+        try:
+            if data[-1:] != b"\n":
+                raise ValueError("the line does not end where the index says")
+            return display_capped(data, cap, host_fields)  # its newline is JSON space
+        except ValueError:
+            await self._damaged(s, row.line)
+            raise  # pragma: no cover - _damaged always raises
 
     # -- writes ---------------------------------------------------------------------
 

@@ -377,14 +377,19 @@ PROTOCOL.md is silent on these points (or leaves them open); this is what the co
 - **No-op rewrites write nothing**: an `updateMessage` whose stored line would not change,
   or a `deleteMessages` that matches no id, does not touch the file (and `updatedAt` stays).
   Ids in `messageIds` that are not stored are ignored; `deleted` counts lines removed.
-- **`displayCap`**: only a line longer than `displayCap` bytes is capped. Its copy is decoded
-  and re-encoded (so it is not the caller's bytes): every string value outside the
-  host-owned fields (`id`, `role`, `turnId`, `status`, the pager fields) longer than one
-  common length in characters (the longest that keeps the line within `displayCap` bytes,
-  found by bisection) is clipped to it with `"…"` appended; strings of up to 32 characters
-  (block types, tool names) are never clipped. Keys, numbers, booleans and the structure
-  survive, and `capped: true` is added. A message made mostly of short fields or non-string
-  values may therefore stay longer than `displayCap`. The 64 MiB result check of
+- **`displayCap`**: only a line longer than `displayCap` bytes is capped. Its copy keeps the
+  caller's bytes up to each cut: every string value outside the host-owned fields (`id`,
+  `role`, `turnId`, `status`, the pager fields) longer than one common length in bytes (the
+  longest that keeps the line within `displayCap` bytes, found by bisection) is cut to it
+  (never inside an escape, a UTF-8 sequence or a surrogate pair) with `"…"` appended;
+  strings of up to 32 printable ASCII characters (block types, tool names) are never cut.
+  Keys, numbers, booleans and the structure survive while they fit: what does not (a
+  message made of many short values) is left out from the first value that does not fit
+  on, arrays and objects closed there, so the copy stays within `displayCap` bytes
+  whenever the host-owned fields alone do. A copy looks at the first @@CAP_WORK@@ values
+  of a message at most (a bound on its work: a capped read costs what it returns, not the
+  message; string bodies are skipped, not read); the host-owned fields come from the index
+  when they are past that point. `capped: true` is added. The 64 MiB result check of
   `session.get` is made on the stored bytes, before capping, so a capped read of a huge
   transcript must still be paged.
 - **`beforeLine` past the end is clamped** to `totalLines`; `limit: 0` gives an empty page.
@@ -701,6 +706,7 @@ def _subst(text: str) -> str:
         text.replace("@@VERSION@@", str(_wire.PROTOCOL_VERSION))
         .replace("@@MAX_LINE@@", f"{_wire.MAX_LINE:,}")
         .replace("@@MAX_BATCH@@", f"{_wire.MAX_BATCH:,}")
+        .replace("@@CAP_WORK@@", f"{_messages.CAP_WORK:,}")
         .replace("@@ID_PATTERN@@", _wire.ID_PATTERN)
     )
 
