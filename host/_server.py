@@ -27,6 +27,7 @@ from host._framing import CHUNK, LineReader
 from host._fs import DIR_MODE, NotRegularFile, open_regular
 from host._index import IndexBusy
 from host._layout import UnsafeDataDir
+from host._limits import HANDSHAKE_TIMEOUT, Limits, raise_nofile
 from host._service import Host
 
 log = logging.getLogger("host.server")
@@ -384,8 +385,18 @@ class _Listener:
         self.ident = None
 
 
-async def serve(data_dir: str, socket_path: str | None) -> int:
+async def serve(
+    data_dir: str, socket_path: str | None, handshake_timeout: float = HANDSHAKE_TIMEOUT
+) -> int:
     """Run the host on ``data_dir`` until end of input or shutdown; return the exit code."""
+    nofile = raise_nofile()
+    limits = Limits.for_descriptors(nofile, handshake_timeout)
+    log.debug(
+        "%d descriptors: at most %d connections and %d open transcripts",
+        nofile,
+        limits.max_connections,
+        limits.open_transcripts,
+    )
     try:
         lock_fd = lock_data_dir(data_dir)
     except DataDirBusy as exc:
@@ -408,7 +419,7 @@ async def serve(data_dir: str, socket_path: str | None) -> int:
                 log.error("cannot listen on %s: %s", socket_path, exc)
                 return 2
         try:
-            async with Host.open(data_dir) as host:
+            async with Host.open(data_dir, limits=limits) as host:
                 tune_gc()
                 for sig in signals:
                     loop.add_signal_handler(sig, host.shutdown_requested.set)

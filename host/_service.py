@@ -21,6 +21,7 @@ from host._fs import FileSystem
 from host._history import HistoryMethods
 from host._index import Index, IndexBusy, busy, index_problem, set_aside_index
 from host._layout import Layout
+from host._limits import Limits
 from host._recovery import Report, recover
 from host._sessions import SessionMethods
 from host._store import Store
@@ -33,9 +34,10 @@ log = logging.getLogger("host")
 class Host:
     """Everything one running host owns: the store, the handler table, the stats."""
 
-    def __init__(self, store: Store, report: Report) -> None:
+    def __init__(self, store: Store, report: Report, limits: Limits | None = None) -> None:
         self.store = store
         self.report = report
+        self.limits = limits or Limits()
         self.stats = Stats()
         self.shutdown_requested = asyncio.Event()
         self.sessions = SessionMethods(store)
@@ -70,8 +72,11 @@ class Host:
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def open(cls, data_dir: str, fs: FileSystem | None = None) -> AsyncIterator[Host]:
+    async def open(
+        cls, data_dir: str, fs: FileSystem | None = None, limits: Limits | None = None
+    ) -> AsyncIterator[Host]:
         """Open, recover and yield the host of ``data_dir``; the caller holds its lock."""
+        limits = limits or Limits()
         layout = Layout(data_dir)
         fs = fs or FileSystem()
         layout.check_no_links()
@@ -90,10 +95,10 @@ class Host:
                 )
             async with contextlib.AsyncExitStack() as stack:
                 index = await stack.enter_async_context(Index.open(layout.index, fs))
-                store = Store(layout, index, fs)
+                store = Store(layout, index, fs, open_transcripts=limits.open_transcripts)
                 stack.callback(store.close)
                 try:
-                    host = await cls._recover(store)
+                    host = await cls._recover(store, limits)
                 except sqlite3.DatabaseError as exc:
                     if busy(exc):
                         raise IndexBusy(layout.index, exc) from None
@@ -105,12 +110,12 @@ class Host:
                 return
 
     @classmethod
-    async def _recover(cls, store: Store) -> Host:
+    async def _recover(cls, store: Store, limits: Limits) -> Host:
         layout = store.layout
         for path in (layout.index, layout.index + "-wal", layout.index + "-shm"):
             if os.path.exists(path):
                 os.chmod(path, 0o600)
-        host = cls(store, Report())
+        host = cls(store, Report(), limits)
         await asyncio.to_thread(store.remove_leftovers)  # before anything reads them
         intents = await asyncio.to_thread(host.history.apply_intent_files)
         host.report = report = await recover(store)

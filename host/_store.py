@@ -30,6 +30,7 @@ from host._fs import FileSystem
 from host._index import Index, Row, now_iso
 from host._intents import Intents
 from host._layout import Layout
+from host._limits import OPEN_TRANSCRIPTS
 from host._locks import UNSTARTED, LockTable
 from host._messages import Message, display_capped, pager_json, valid_line
 from host._transcript import Piece, Rewrite, Transcript
@@ -127,7 +128,14 @@ class FsyncPolicy:
 class Store:
     """Sessions' files and index rows, and the primitives every method is built from."""
 
-    def __init__(self, layout: Layout, index: Index, fs: FileSystem | None = None) -> None:
+    def __init__(
+        self,
+        layout: Layout,
+        index: Index,
+        fs: FileSystem | None = None,
+        *,
+        open_transcripts: int = OPEN_TRANSCRIPTS,
+    ) -> None:
         self.layout = layout
         self.index = index
         self.fs = fs or FileSystem()
@@ -135,7 +143,10 @@ class Store:
         self.archive = Archive(layout, self.fs)
         self.checkpoints = Checkpoints(layout, self.fs)
         self.intents = Intents(layout, self.fs, self.archive)
-        self._open: dict[str, OpenSession] = {}
+        self._open: dict[str, OpenSession] = {}  # least recently used first
+        self.open_transcripts = open_transcripts
+        """How many transcripts stay open; past it the least recently used idle one is
+        closed (each holds a descriptor: 10,000 sessions must fit in ``ulimit -n 256``)."""
         self.fsyncs = FsyncPolicy()
         self.scans = ThreadPoolExecutor(1, thread_name_prefix="host-scan")
         """Where a big request's second JSON scan runs while the loop's write flushes."""
@@ -154,8 +165,9 @@ class Store:
             if session_id in self.index.stale:
                 self.index.reconciling(session_id)
                 self.forget(session_id)  # its index lacks answered lines: reconcile
-        s = self._open.get(session_id)
+        s = self._open.pop(session_id, None)
         if s is not None:
+            self._open[session_id] = s  # the most recently used now
             return s
         from host._recovery import reconcile  # recovery builds on the store
 
@@ -176,7 +188,28 @@ class Store:
             transcript = Transcript(self.fs, self.layout.transcript(session_id))
         s = OpenSession(session_id, transcript, row.line_count, row.byte_size)
         self._open[session_id] = s
+        self._close_idle()
         return s
+
+    def _close_idle(self) -> None:
+        """Close the least recently used transcripts past :attr:`open_transcripts`.
+
+        Only of sessions nobody holds or awaits: a call keeps its ``OpenSession`` (and a
+        rewrite its old descriptor) from its first read to its last write, under the
+        lock. When every open session is busy, more stay open until they are not.
+        """
+        over = len(self._open) - self.open_transcripts
+        if over <= 0:
+            return
+        idle: list[str] = []
+        for sid in self._open:  # least recently used first: most often the very first
+            if not self.locks.users(sid):
+                idle.append(sid)
+                if len(idle) == over:
+                    break
+        for sid in idle:
+            self.forget(sid)
+            self.count("transcripts.closed")
 
     def idle_session(self, session_id: str) -> OpenSession | None:
         """The open session, when a call may write it at once without taking its lock.
@@ -188,7 +221,10 @@ class Store:
         """
         if UNSTARTED[0] or self.index.stale or self.locks.users(session_id):
             return None
-        return self._open.get(session_id)
+        s = self._open.pop(session_id, None)
+        if s is not None:
+            self._open[session_id] = s  # the most recently used now
+        return s
 
     def is_open(self, s: OpenSession) -> bool:
         """Whether ``s`` is still the served state (a failed undo forgets it)."""
