@@ -11,6 +11,8 @@ import sys
 from collections.abc import Coroutine
 from typing import Any
 
+from host._limits import HANDSHAKE_TIMEOUT
+
 
 def main(argv: list[str] | None = None) -> int:
     """Run the host command line; return the exit code."""
@@ -19,6 +21,13 @@ def main(argv: list[str] | None = None) -> int:
     serve = sub.add_parser("serve", help="serve the protocol on stdio or a Unix socket")
     serve.add_argument("--data-dir", required=True)
     serve.add_argument("--socket", help="serve any number of connections on this Unix socket")
+    serve.add_argument(
+        "--handshake-timeout",
+        type=float,
+        default=HANDSHAKE_TIMEOUT,
+        metavar="SECONDS",
+        help="with --socket: close a connection that has not handshaken within this long",
+    )
     serve.add_argument(
         "--loop",
         default="auto",
@@ -76,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         from host._server import serve as run
 
-        return run_loop(run(args.data_dir, args.socket), args.loop)
+        return run_loop(run(args.data_dir, args.socket, args.handshake_timeout), args.loop)
     from host._verify import verify as check
 
     return asyncio.run(check(args.data_dir, repair=args.repair))

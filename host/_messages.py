@@ -154,10 +154,14 @@ def parse_stored(line: bytes) -> Message | None:
         return None  # RecursionError: nested deeper than msgspec decodes (a hand edit)
 
 
-def valid_line(line: bytes) -> bool:
-    """Whether a stored line is still a JSON object in UTF-8 (a cheap check for reads)."""
+def valid_line(line: bytes | memoryview, *, utf8: bool = False) -> bool:
+    """Whether a stored line is still a JSON object in UTF-8 (a cheap check for reads).
+
+    ``utf8``: the caller knows it is (an ASCII read): no decode, which copies the line.
+    """
     try:
-        line.decode("utf-8")
+        if not utf8:
+            str(line, "utf-8")
         _RAW.decode(line)
     except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
         return False

@@ -17,11 +17,12 @@ import time
 from collections.abc import AsyncIterator
 
 from host._endpoint import Handler, Immediate, Stats
+from host._framing import RequestBudget
 from host._fs import FileSystem
 from host._history import HistoryMethods
 from host._index import Index, IndexBusy, busy, index_problem, set_aside_index
 from host._layout import Layout
-from host._limits import Limits
+from host._limits import REQUEST_BYTES, Limits
 from host._recovery import Report, recover
 from host._sessions import SessionMethods
 from host._store import Store
@@ -69,6 +70,10 @@ class Host:
         """Calls the endpoint may do at once, without a task (see ``append_now``)."""
         self.split: dict[str, Immediate] = {"session.saveInflightMessage": t.save_now}
         """Calls done at once with their message split off their line (see ``save_now``)."""
+        self.big_results = frozenset({"session.get", "session.list", "session.listRevisions"})
+        """Methods whose answer its request does not bound: a connection runs one at a time."""
+        self.requests = RequestBudget(REQUEST_BYTES)
+        """The long request lines every connection holds together (docs/protocol.md)."""
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -140,6 +145,9 @@ class Host:
         counters["locks.held"] = len(self.store.locks)
         counters["index.batches"] = self.store.index.batches
         counters["fsyncs.onLoop"] = int(self.store.fsyncs.inline)
+        counters["connections.paused"] = self.stats.paused
+        counters["calls.waiting"] = self.stats.waiting
+        counters["requests.heldBytes"] = self.requests.used
         return StatsResult(
             uptime_seconds=time.monotonic() - self.stats.started,
             counters=counters,

@@ -146,8 +146,8 @@ class SessionMethods:
                     " page with limit/beforeLine",
                     limit=MAX_LINE,
                 )
-            if cap is None:
-                lines = await self.store.read_rows(s, rows)
+            if cap is None:  # views of one read: the page is held once, then its answer
+                lines = await self.store.read_raw(s, rows)
             else:  # read in bounded runs, capping as it goes: memory follows the answer
                 lines = []
                 run: list[Row] = []
@@ -155,16 +155,15 @@ class SessionMethods:
                     if r.length <= cap:
                         run.append(r)
                         if len(run) == 1024:
-                            lines += await self.store.read_rows(s, run)
+                            lines += await self.store.read_raw(s, run)
                             run = []
                         continue
-                    lines += await self.store.read_rows(s, run)
+                    lines += await self.store.read_raw(s, run)
                     run = []
-                    lines.append(await self.store.read_capped(s, r, cap, _host_fields(r)))
-                lines += await self.store.read_rows(s, run)
-        return GetResult(
-            messages=[Raw(b) for b in lines], start_line=start, end_line=end, total_lines=total
-        )
+                    capped = await self.store.read_capped(s, r, cap, _host_fields(r))
+                    lines.append(Raw(capped))
+                lines += await self.store.read_raw(s, run)
+        return GetResult(messages=lines, start_line=start, end_line=end, total_lines=total)
 
     # -- writes ---------------------------------------------------------------------
 

@@ -342,6 +342,7 @@ async def sc_burst(tree: Path, folder: Path) -> dict[str, Any]:
     other = await Client.connect(host.sock)
     await other.handshake()
     idle = vm_mb(host.pid, "VmHWM")
+    fsyncs = (await c.call("host.stats"))["counters"].get("fsyncs", 0)
     text = "y" * (10_000 - 60)
     lines, futs = [], []
     for i in range(5_000):
@@ -360,6 +361,7 @@ async def sc_burst(tree: Path, folder: Path) -> dict[str, Any]:
         "errors": sum("error" in r for r in replies),
         "peak_over_idle_mb": round(vm_mb(host.pid, "VmHWM") - idle, 1),
         "other_session_worst_append_ms": round(stall.worst_ms(), 1),
+        "fsyncs": (await c.call("host.stats"))["counters"].get("fsyncs", 0) - fsyncs,
     }
     out["exit_code"], _ = await host.stop()
     return out
