@@ -178,10 +178,15 @@ class LineReader(asyncio.BufferedProtocol):
         self._taken = now
 
     def _refuse(self) -> None:
-        """Drop the line being read (the budget is spent): read it through, then answer."""
+        """Drop the line being read (the budget is spent): read it through, then answer.
+
+        What its buffer held goes back to the budget at once, so that another line the
+        budget stalled can grow (else lines half-way through all wait on each other).
+        """
         if self._dropped is None:
             self._dropped = Refused(bytes(self._buf[self._start : self._start + HEAD]))
         self._start = self._end = self._scanned = 0
+        self.let_go()
 
     def let_go(self) -> None:
         """Give an idle grown buffer back (the budget ran short)."""
