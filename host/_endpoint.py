@@ -489,6 +489,7 @@ class Connection:
                 self._open_gate()
             elif entry in self._gate:
                 self._gate.remove(entry)
+                self._open_gate()  # it may have held up the calls behind it
             raise
         finally:
             self.stats.waiting -= 1
@@ -601,7 +602,7 @@ class Connection:
 
     def _discard(self, task: asyncio.Future[Any]) -> None:
         self.tasks.discard(task)
-        if self.reader.paused:
+        if self._pausing:
             self._flow()
 
     def _spawn_send(self, body: bytes) -> None:

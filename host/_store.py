@@ -17,6 +17,7 @@ import contextlib
 import logging
 import shutil
 import time
+from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -37,6 +38,8 @@ from host._transcript import Piece, Rewrite, Transcript
 
 log = logging.getLogger("host.store")
 BIG_WRITE = 1 << 20  # appends larger than this are written off the loop
+ROOM_WAIT = 30.0
+"""Seconds a call waits for an open transcript to close before it opens one more."""
 
 
 @dataclass(slots=True)
@@ -145,8 +148,12 @@ class Store:
         self.intents = Intents(layout, self.fs, self.archive)
         self._open: dict[str, OpenSession] = {}  # least recently used first
         self.open_transcripts = open_transcripts
-        """How many transcripts stay open; past it the least recently used idle one is
-        closed (each holds a descriptor: 10,000 sessions must fit in ``ulimit -n 256``)."""
+        """How many transcripts are open at most: to open another, the least recently
+        used idle one is closed, or the call waits for one to be idle (each holds a
+        descriptor: 10,000 sessions must fit in ``ulimit -n 256``)."""
+        self._opening = 0  # transcripts being opened (their room is taken)
+        self._room: deque[asyncio.Future[None]] = deque()  # calls waiting to open one
+        self.locks.on_idle = self._idle
         self.fsyncs = FsyncPolicy()
         self.scans = ThreadPoolExecutor(1, thread_name_prefix="host-scan")
         """Where a big request's second JSON scan runs while the loop's write flushes."""
@@ -174,10 +181,14 @@ class Store:
         row = await self.index.session(session_id)
         if row is None:
             raise NotFound("session", session_id)
+        await self._make_room()
+        self._opening += 1
         try:
             transcript = Transcript(self.fs, self.layout.transcript(session_id))
         except FileNotFoundError:
             raise NotFound("session", session_id) from None
+        finally:
+            self._opening -= 1
         if not row.matches(transcript.stamp()):
             # Changed behind the index's back (a write that failed half-way): the file is
             # the truth, so index it again, and reopen it (a quarantine replaces it).
@@ -185,31 +196,55 @@ class Store:
             await reconcile(self, session_id)
             row = await self.index.session(session_id)
             assert row is not None
+            await self._make_room()
             transcript = Transcript(self.fs, self.layout.transcript(session_id))
         s = OpenSession(session_id, transcript, row.line_count, row.byte_size)
         self._open[session_id] = s
-        self._close_idle()
         return s
 
-    def _close_idle(self) -> None:
-        """Close the least recently used transcripts past :attr:`open_transcripts`.
+    async def _make_room(self) -> None:
+        """Return once a transcript may be opened within :attr:`open_transcripts`.
 
-        Only of sessions nobody holds or awaits: a call keeps its ``OpenSession`` (and a
-        rewrite its old descriptor) from its first read to its last write, under the
-        lock. When every open session is busy, more stay open until they are not.
+        The least recently used idle session's is closed for it: only a session nobody
+        holds or awaits, since a call keeps its ``OpenSession`` (and a rewrite its old
+        descriptor) from its first read to its last write, under the lock. When every
+        open one is busy, wait (in turn) until one is idle: a call holding a lock never
+        waits for anything but the disk and the index, so one soon is. Bounded, and
+        said so: past :data:`ROOM_WAIT` the transcript is opened anyway.
         """
-        over = len(self._open) - self.open_transcripts
-        if over <= 0:
-            return
-        idle: list[str] = []
-        for sid in self._open:  # least recently used first: most often the very first
-            if not self.locks.users(sid):
-                idle.append(sid)
-                if len(idle) == over:
-                    break
-        for sid in idle:
-            self.forget(sid)
-            self.count("transcripts.closed")
+        while len(self._open) + self._opening >= self.open_transcripts:
+            victim = next((sid for sid in self._open if not self.locks.users(sid)), None)
+            if victim is not None:  # least recently used first: most often the very first
+                self.forget(victim)
+                self.count("transcripts.closed")
+                continue
+            turn = asyncio.get_running_loop().create_future()
+            self._room.append(turn)
+            try:
+                async with asyncio.timeout(ROOM_WAIT):
+                    await turn
+            except TimeoutError:
+                log.warning(
+                    "%d transcripts open and busy for %.0f s: opening one more",
+                    len(self._open),
+                    ROOM_WAIT,
+                )
+                return
+            finally:
+                if turn in self._room:
+                    self._room.remove(turn)
+
+    def _idle(self, session_id: str) -> None:
+        """A session's last caller left: a call waiting for room may close it now."""
+        if session_id in self._open:
+            self._next_room()
+
+    def _next_room(self) -> None:
+        while self._room:
+            turn = self._room.popleft()
+            if not turn.done():
+                turn.set_result(None)
+                return
 
     def idle_session(self, session_id: str) -> OpenSession | None:
         """The open session, when a call may write it at once without taking its lock.
@@ -240,6 +275,7 @@ class Store:
         s = self._open.pop(session_id, None)
         if s is not None:
             s.transcript.close()
+            self._next_room()
 
     def close(self) -> None:
         """Close every open transcript, and let the scan thread go."""

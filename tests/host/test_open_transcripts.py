@@ -7,6 +7,7 @@ rewrite its old descriptor, from its first read to its last write).
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
@@ -41,3 +42,24 @@ async def test_only_idle_transcripts_are_closed_and_any_is_reopened(tmp_path: Pa
             ids = [m["id"] for m in (await call("session.get", sessionId=f"s{i}"))["messages"]]
             assert ids == [f"m{i}", "late"] if i == 0 else [f"m{i}"]
         assert store.counters["transcripts.closed"] >= 10
+
+
+async def test_calls_on_more_sessions_than_the_bound_wait_their_turn(tmp_path: Path) -> None:
+    """One client pipelining reads of 250 sessions at once had every one of them busy,
+    so none could be closed: 250 descriptors. The calls past the bound wait for one."""
+    async with Host.open(str(tmp_path / "d"), limits=Limits(open_transcripts=4)) as host:
+        call = Client(host)
+        for i in range(40):
+            await call("session.create", sessionId=f"s{i}")
+            await call("session.appendMessage", sessionId=f"s{i}", message=msg(f"m{i}", "user"))
+        most = 0
+
+        async def get(i: int) -> list[str]:
+            nonlocal most
+            got = await call("session.get", sessionId=f"s{i}")
+            most = max(most, host.store.open_count)
+            return [m["id"] for m in got["messages"]]
+
+        got = await asyncio.gather(*(get(i) for i in range(40)), get(0), get(1))
+        assert got[:40] == [[f"m{i}"] for i in range(40)]
+        assert most <= 4 and host.store.open_count <= 4
