@@ -80,7 +80,7 @@ class RequestBudget:
     def __init__(self, limit: int = REQUEST_BYTES) -> None:
         self.limit = limit
         self.used = 0
-        self._idle: dict[LineReader, None] = {}
+        self._idle: dict[LineReader, int] = {}  # readers keeping a grown buffer, empty
 
     def take(self, n: int) -> bool:
         """Take ``n`` bytes if the budget has them (idle readers' buffers let go first)."""
@@ -102,12 +102,18 @@ class RequestBudget:
         """Give back bytes taken or held."""
         self.used -= n
 
-    def idle(self, reader: LineReader, idle: bool) -> None:
-        """Note whether ``reader`` holds a grown buffer and nothing in it."""
-        if idle:
-            self._idle[reader] = None
+    def idle(self, reader: LineReader, kept: int) -> None:
+        """Note that ``reader`` keeps ``kept`` bytes of a grown buffer with nothing in it
+        (0: it holds a line, or no grown buffer)."""
+        if kept:
+            self._idle[reader] = kept
         else:
             self._idle.pop(reader, None)
+
+    @property
+    def held(self) -> int:
+        """Bytes of requests held: lines being read or in flight (idle buffers aside)."""
+        return self.used - sum(self._idle.values())
 
 
 class LineReader(asyncio.BufferedProtocol):
@@ -160,7 +166,7 @@ class LineReader(asyncio.BufferedProtocol):
     def _grow(self, size: int) -> bool:
         """Grow the buffer to ``size`` bytes, if the budget has what it takes past
         :data:`READ_BUFFER`."""
-        self.budget.idle(self, False)
+        self.budget.idle(self, 0)
         want = max(0, size - READ_BUFFER) - self._taken
         if self._stopped or (want > 0 and not self.budget.take(want)):
             return False
@@ -194,7 +200,7 @@ class LineReader(asyncio.BufferedProtocol):
             self._buf = bytearray(READ_BUFFER)
             self.budget.give(self._taken)
             self._taken = 0
-        self.budget.idle(self, False)
+        self.budget.idle(self, 0)
 
     def buffer_updated(self, nbytes: int) -> None:
         """Hand on every line the ``nbytes`` just read complete."""
@@ -224,7 +230,7 @@ class LineReader(asyncio.BufferedProtocol):
             self._start = self._end = self._scanned = 0
             if len(buf) > KEEP:  # let a huge line's buffer go
                 self.let_go()
-            self.budget.idle(self, self._taken > 0)
+            self.budget.idle(self, self._taken)
         elif self._dropped is not None or self._end - self._start > self.limit:
             self._dropped = self._dropped or TOO_LONG  # read on to its end, holding none
             self._start = self._end = self._scanned = 0

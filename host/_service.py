@@ -147,7 +147,7 @@ class Host:
         counters["fsyncs.onLoop"] = int(self.store.fsyncs.inline)
         counters["connections.paused"] = self.stats.paused
         counters["calls.waiting"] = self.stats.waiting
-        counters["requests.heldBytes"] = self.requests.used
+        counters["requests.heldBytes"] = self.requests.held
         return StatsResult(
             uptime_seconds=time.monotonic() - self.stats.started,
             counters=counters,
