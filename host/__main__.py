@@ -20,12 +20,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"python -m host: {reason}", file=sys.stderr)
         return EXIT_UNSUPPORTED
     from host._index import BUSY_TIMEOUT
+    from host._limits import HANDSHAKE_TIMEOUT
 
     parser = argparse.ArgumentParser(prog="python -m host", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve the protocol on stdio or a Unix socket")
     serve.add_argument("--data-dir", required=True)
     serve.add_argument("--socket", help="serve any number of connections on this Unix socket")
+    serve.add_argument(
+        "--handshake-timeout",
+        type=float,
+        default=HANDSHAKE_TIMEOUT,
+        metavar="SECONDS",
+        help="with --socket: close a connection that has not handshaken within this long",
+    )
     serve.add_argument(
         "--loop",
         default="auto",
@@ -92,7 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         from host._server import serve as run
 
-        return run_loop(run(args.data_dir, args.socket, args.busy_timeout), args.loop)
+        return run_loop(
+            run(args.data_dir, args.socket, args.busy_timeout, args.handshake_timeout), args.loop
+        )
     from host._verify import verify as check
 
     return asyncio.run(check(args.data_dir, repair=args.repair, busy_timeout=args.busy_timeout))

@@ -8,7 +8,7 @@
     ├── Internal              a bug; the write did not happen
     ├── ProtocolMismatch      handshake version is not exactly 11
     ├── NotHandshaken         any method but handshake before a good handshake
-    ├── LimitExceeded         request line or result over 64 MiB, message over 64 MiB - 4 KiB
+    ├── LimitExceeded         past one of the host's bounds (docs/protocol.md, Limits)
     ├── NotFound              session, message, turn or revision absent
     ├── AgentBusy             another turn is running in that session
     ├── Conflict              the call contradicts durable state
@@ -92,7 +92,9 @@ class NotHandshaken(HostError):
 
 
 class LimitExceeded(HostError):
-    """Raised when a request line or a result would exceed 64 MiB (a message: 64 MiB - 4 KiB)."""
+    """Raised when a request or its answer would pass one of the host's bounds (a 64 MiB
+    line, a message over 64 MiB - 4 KiB, a batch's elements, the request bytes held, the
+    connections)."""
 
     code, name = -32003, "LIMIT_EXCEEDED"
 

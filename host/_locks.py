@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import contextvars
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,6 +112,8 @@ class LockTable:
 
     def __init__(self) -> None:
         self._slots: dict[str, _Slot] = {}
+        self.on_idle: Callable[[str], None] | None = None
+        """Told when a session's last holder or waiter leaves (its transcript may close)."""
 
     def hold(self, session_id: str, rider: Any = None) -> _Hold:
         """Hold the session's lock (``async with``); the call counts as started once it has it.
@@ -153,6 +155,8 @@ class LockTable:
         queue.remove(ticket)
         if not queue:
             del self._slots[session_id]
+            if self.on_idle is not None:
+                self.on_idle(session_id)
         elif was_head:
             _wake(queue[0])
 

@@ -24,11 +24,20 @@ import threading
 from typing import Any
 
 from host._endpoint import Connection
+from host._errors import LimitExceeded, NotHandshaken
 from host._framing import CHUNK, LineReader
 from host._fs import DIR_MODE, NotRegularFile, open_regular, read_regular
 from host._index import BUSY_TIMEOUT, DISK_FULL, NOT_WRITABLE, IndexBusy
 from host._layout import UnsafeDataDir
+from host._limits import (
+    ANSWERS_RESUME,
+    ANSWERS_WAITING,
+    HANDSHAKE_TIMEOUT,
+    Limits,
+    raise_nofile,
+)
 from host._service import Host
+from host._wire import ENCODER
 
 log = logging.getLogger("host.server")
 
@@ -124,12 +133,32 @@ CLOSE_WAIT = 30.0
 """Seconds a closing connection waits for its client to read the answers still queued."""
 
 
+def connect(host: Host, lines: LineReader, writer: Any) -> Connection:
+    """The endpoint of one connection, wired to its reader and writer (flow control)."""
+    conn = Connection(
+        host.handlers,
+        host.stats,
+        writer,
+        host.immediate,
+        host.split,
+        budget=host.requests,
+        big_results=host.big_results,
+    )
+    lines.on_line = conn.feed  # before the first read, which may come in this pass
+    lines.budget = host.requests
+    conn.more = lines.more
+    conn.reader = lines
+    if isinstance(writer, _Sender):
+        writer.listener = conn
+    return conn
+
+
 async def serve_connection(host: Host, lines: LineReader, conn: Connection, writer: Any) -> None:
     """Serve one connection until end of input or shutdown, then finish its calls.
 
     Every answer is written before the connection closes (and, on stdio, before the host
     exits): a client busy for a moment still gets them all, a client that reads none for
-    :data:`CLOSE_WAIT` seconds loses what is left.
+    :data:`CLOSE_WAIT` seconds loses what is left (its calls still run: writes land).
     """
     ended = asyncio.create_task(lines.ended.wait())
     stop = asyncio.create_task(host.shutdown_requested.wait())
@@ -139,16 +168,18 @@ async def serve_connection(host: Host, lines: LineReader, conn: Connection, writ
         ended.cancel()
         stop.cancel()
         lines.stop()
-        await conn.finish()
-        if queued := writer.queued():
+        if (queued := writer.queued()) or conn.waiting():
             log.info("closing: waiting for the client to read %d bytes of answers", queued)
-        writer.close()
         try:
             async with asyncio.timeout(CLOSE_WAIT):
+                await conn.finish()
+                writer.close()
                 await writer.wait_closed()
         except TimeoutError:
             log.warning("closing: the client read no answers for %.0f s; dropped", CLOSE_WAIT)
             writer.abort()
+            conn.writer_gone()
+            await conn.finish()
         except ConnectionError:
             pass  # gone: nothing more can reach it
 
@@ -202,13 +233,28 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def _feed_from_file(loop: asyncio.AbstractEventLoop, lines: LineReader) -> None:
+class _FileFeed:
+    """The "transport" of a stdin read in a thread: flow control pauses the thread."""
+
+    def __init__(self) -> None:
+        self.reading = threading.Event()
+        self.reading.set()
+
+    def pause_reading(self) -> None:
+        self.reading.clear()
+
+    def resume_reading(self) -> None:
+        self.reading.set()
+
+
+def _feed_from_file(loop: asyncio.AbstractEventLoop, lines: LineReader, feed: _FileFeed) -> None:
     """Read a stdin the loop does not watch (a file, a device, a terminal) in a thread.
 
     A daemon thread: a read a terminal holds open must not keep a stopped host alive.
+    It waits while the connection is paused, so a file is read no faster than served.
     """
     with contextlib.suppress(RuntimeError):  # the loop closed: the host has stopped
-        while chunk := os.read(0, CHUNK):
+        while feed.reading.wait() and (chunk := os.read(0, CHUNK)):
             loop.call_soon_threadsafe(lines.data_received, chunk)
         loop.call_soon_threadsafe(lines.eof_received)
 
@@ -258,14 +304,16 @@ async def serve_stdio(host: Host) -> None:
         _, writer = await loop.connect_write_pipe(_Output, sys.stdout.buffer)
     else:
         writer = _FileWriter(sys.stdout.fileno())
-    conn = Connection(host.handlers, host.stats, writer, host.immediate, host.split)
-    lines = LineReader(conn.feed)
-    conn.more = lines.more
+    lines = LineReader()
+    conn = connect(host, lines, writer)
     if _streams(sys.stdin.fileno()):
         _widen_pipe(sys.stdin.fileno())
         await loop.connect_read_pipe(lambda: lines, sys.stdin.buffer)
     else:
-        threading.Thread(target=_feed_from_file, args=(loop, lines), daemon=True).start()
+        feed = _FileFeed()
+        lines.transport = feed
+        args = (loop, lines, feed)
+        threading.Thread(target=_feed_from_file, args=args, daemon=True).start()
     await serve_connection(host, lines, conn, writer)
 
 
@@ -284,16 +332,30 @@ class _Sender:
         self._writable = asyncio.Event()
         self._writable.set()
         self._gone = asyncio.Event()
+        self.listener: Connection | None = None
+        """The connection answering through it, told when the client falls behind."""
+
+    def _made(self, transport: Any) -> None:
+        """Pause past ``ANSWERS_WAITING`` bytes unread, resume at ``ANSWERS_RESUME``."""
+        self.transport = transport
+        with contextlib.suppress(AttributeError, NotImplementedError):
+            transport.set_write_buffer_limits(high=ANSWERS_WAITING, low=ANSWERS_RESUME)
 
     def pause_writing(self) -> None:
         self._writable.clear()
+        if self.listener is not None:
+            self.listener.writer_paused(True)
 
     def resume_writing(self) -> None:
         self._writable.set()
+        if self.listener is not None:
+            self.listener.writer_paused(False)
 
     def _lost(self) -> None:
         self._gone.set()
         self._writable.set()  # wake the drains, to fail
+        if self.listener is not None:
+            self.listener.writer_gone()
 
     def write(self, data: bytes) -> None:
         self.transport.write(data)
@@ -323,35 +385,77 @@ class _Output(_Sender, asyncio.Protocol):
     """stdout as a pipe, socket or tty."""
 
     def connection_made(self, transport: Any) -> None:
-        self.transport = transport
+        self._made(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost()
 
 
-class _Client(LineReader, _Sender):
-    """One socket client: its lines go to its connection, which answers through it."""
+class _Client(_Sender, LineReader):
+    """One socket client: its lines go to its connection, which answers through it.
 
-    def __init__(self, host: Host, clients: set[asyncio.Task[None]]) -> None:
-        LineReader.__init__(self)
+    A client that has not handshaken within the host's ``handshake_timeout`` is told so
+    and closed: an idle connection holds a descriptor and a buffer for nothing.
+    """
+
+    def __init__(
+        self, host: Host, clients: set[asyncio.Task[None]], server: _Listener | None = None
+    ) -> None:
+        LineReader.__init__(self, budget=host.requests)
         _Sender.__init__(self)
         self.host = host
         self.clients = clients
+        self.server = server  # a socket server's (stdio's one socket has no deadline)
+        if server is not None:
+            server.connections += 1
+        self._deadline: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: Any) -> None:
-        super().connection_made(transport)
-        conn = Connection(
-            self.host.handlers, self.host.stats, self, self.host.immediate, self.host.split
-        )
-        self.on_line = conn.feed  # before the first read, which may come in this pass
-        conn.more = self.more
-        task = asyncio.get_running_loop().create_task(serve_connection(self.host, self, conn, self))
+        LineReader.connection_made(self, transport)
+        self._made(transport)
+        conn = connect(self.host, self, self)
+        loop = asyncio.get_running_loop()
+        if self.server is not None:
+            timeout = self.host.limits.handshake_timeout
+            self._deadline = loop.call_later(timeout, self._no_handshake, conn, timeout)
+        task = loop.create_task(serve_connection(self.host, self, conn, self))
         self.clients.add(task)
-        task.add_done_callback(self.clients.discard)
+        task.add_done_callback(self._served)
+
+    def _no_handshake(self, conn: Connection, timeout: float) -> None:
+        if conn.handshaken or self.ended.is_set():
+            return
+        log.info("closing a connection that did not handshake within %g s", timeout)
+        err = NotHandshaken(f"no handshake within {timeout:g} s: closing", limit=timeout)
+        conn.error_now(err.to_object())
+        self.ended.set()  # serve_connection finishes what there is, and closes
+
+    def _served(self, task: asyncio.Task[None]) -> None:
+        self.clients.discard(task)
+        if self.server is not None:
+            self.server.connections -= 1
+        if self._deadline is not None:
+            self._deadline.cancel()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        super().connection_lost(exc)
+        LineReader.connection_lost(self, exc)
         self._lost()
+
+
+class _Refusal(asyncio.Protocol):
+    """A connection past the cap: one error line, then closed."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+
+    def connection_made(self, transport: Any) -> None:
+        err = LimitExceeded(
+            f"too many connections: the host serves {self.cap} at once; try again later",
+            limit=self.cap,
+        )
+        transport.write(ENCODER.encode({"jsonrpc": "2.0", "id": None, "error": err.to_object()}))
+        transport.write(b"\n")
+        transport.close()  # once the line is written
 
 
 def _clear_stale_socket(path: str) -> None:
@@ -384,6 +488,7 @@ class _Listener:
     def __init__(self, path: str) -> None:
         self.path = path
         self.clients: set[asyncio.Task[None]] = set()
+        self.connections = 0  # accepted and not yet done (the cap's count)
         self.host: Host | None = None
         self.server: asyncio.AbstractServer | None = None
         self.ident: tuple[int, int] | None = None
@@ -402,9 +507,14 @@ class _Listener:
         st = os.stat(self.path)
         self.ident = st.st_dev, st.st_ino
 
-    def _client(self) -> _Client:
+    def _client(self) -> asyncio.BaseProtocol:
         assert self.host is not None, "connections are accepted only once serving"
-        return _Client(self.host, self.clients)
+        cap = self.host.limits.max_connections
+        if self.connections >= cap:
+            self.host.store.count("connections.refused")
+            log.warning("a connection refused: %d are served already", cap)
+            return _Refusal(cap)
+        return _Client(self.host, self.clients, self)
 
     async def serve(self, host: Host) -> None:
         """Serve every connection until shutdown, then wait for the clients to finish."""
@@ -474,8 +584,21 @@ def refuse_start(data_dir: str, exc: OSError | sqlite3.Error) -> int:
     return EXIT_NOT_WRITABLE
 
 
-async def serve(data_dir: str, socket_path: str | None, busy_timeout: float = BUSY_TIMEOUT) -> int:
+async def serve(
+    data_dir: str,
+    socket_path: str | None,
+    busy_timeout: float = BUSY_TIMEOUT,
+    handshake_timeout: float = HANDSHAKE_TIMEOUT,
+) -> int:
     """Run the host on ``data_dir`` until end of input or shutdown; return the exit code."""
+    nofile = raise_nofile()
+    limits = Limits.for_descriptors(nofile, handshake_timeout)
+    log.debug(
+        "%d descriptors: at most %d connections and %d open transcripts",
+        nofile,
+        limits.max_connections,
+        limits.open_transcripts,
+    )
     try:
         lock = lock_data_dir(data_dir)
     except DataDirBusy as exc:
@@ -501,7 +624,7 @@ async def serve(data_dir: str, socket_path: str | None, busy_timeout: float = BU
                 return 2
         started = False
         try:
-            async with Host.open(data_dir, busy_timeout=busy_timeout) as host:
+            async with Host.open(data_dir, busy_timeout=busy_timeout, limits=limits) as host:
                 started = True
                 tune_gc()
                 for sig in signals:

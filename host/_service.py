@@ -17,6 +17,7 @@ import time
 from collections.abc import AsyncIterator
 
 from host._endpoint import Handler, Immediate, Stats
+from host._framing import RequestBudget
 from host._fs import FileSystem
 from host._history import HistoryMethods
 from host._index import (
@@ -29,6 +30,7 @@ from host._index import (
     set_aside_index,
 )
 from host._layout import Layout
+from host._limits import REQUEST_BYTES, Limits
 from host._recovery import Report, recover
 from host._sessions import SessionMethods
 from host._store import Store
@@ -41,9 +43,10 @@ log = logging.getLogger("host")
 class Host:
     """Everything one running host owns: the store, the handler table, the stats."""
 
-    def __init__(self, store: Store, report: Report) -> None:
+    def __init__(self, store: Store, report: Report, limits: Limits | None = None) -> None:
         self.store = store
         self.report = report
+        self.limits = limits or Limits()
         self.stats = Stats()
         self.shutdown_requested = asyncio.Event()
         self.sessions = SessionMethods(store)
@@ -75,17 +78,26 @@ class Host:
         """Calls the endpoint may do at once, without a task (see ``append_now``)."""
         self.split: dict[str, Immediate] = {"session.saveInflightMessage": t.save_now}
         """Calls done at once with their message split off their line (see ``save_now``)."""
+        self.big_results = frozenset({"session.get", "session.list", "session.listRevisions"})
+        """Methods whose answer its request does not bound: a connection runs one at a time."""
+        self.requests = RequestBudget(REQUEST_BYTES)
+        """The long request lines every connection holds together (docs/protocol.md)."""
 
     @classmethod
     @contextlib.asynccontextmanager
     async def open(
-        cls, data_dir: str, fs: FileSystem | None = None, busy_timeout: float = BUSY_TIMEOUT
+        cls,
+        data_dir: str,
+        fs: FileSystem | None = None,
+        busy_timeout: float = BUSY_TIMEOUT,
+        limits: Limits | None = None,
     ) -> AsyncIterator[Host]:
         """Open, recover and yield the host of ``data_dir``; the caller holds its lock.
 
         ``busy_timeout``: seconds to wait for another program's lock on the index before
         giving up with :class:`IndexBusy`.
         """
+        limits = limits or Limits()
         layout = Layout(data_dir)
         fs = fs or FileSystem()
         layout.check_no_links()
@@ -104,10 +116,10 @@ class Host:
                 )
             async with contextlib.AsyncExitStack() as stack:
                 index = await stack.enter_async_context(Index.open(layout.index, fs, busy_timeout))
-                store = Store(layout, index, fs)
+                store = Store(layout, index, fs, open_transcripts=limits.open_transcripts)
                 stack.callback(store.close)
                 try:
-                    host = await cls._recover(store)
+                    host = await cls._recover(store, limits)
                 except sqlite3.DatabaseError as exc:
                     if busy(exc):
                         raise IndexBusy(layout.index, exc) from None
@@ -119,12 +131,12 @@ class Host:
                 return
 
     @classmethod
-    async def _recover(cls, store: Store) -> Host:
+    async def _recover(cls, store: Store, limits: Limits) -> Host:
         layout = store.layout
         for path in (layout.index, layout.index + "-wal", layout.index + "-shm"):
             if os.path.exists(path):
                 os.chmod(path, 0o600)
-        host = cls(store, Report())
+        host = cls(store, Report(), limits)
         await asyncio.to_thread(store.remove_leftovers)  # before anything reads them
         intents = await asyncio.to_thread(host.history.apply_intent_files)
         host.report = report = await recover(store, rescan={i.session_id for i in intents})
@@ -150,6 +162,9 @@ class Host:
         counters["index.batches"] = self.store.index.batches
         counters["fsyncs.onLoop"] = int(self.store.fsyncs.inline)
         counters["rewrites.copyFallbacks"] = self.store.fs.copy_fallbacks
+        counters["connections.paused"] = self.stats.paused
+        counters["calls.waiting"] = self.stats.waiting
+        counters["requests.heldBytes"] = self.requests.held
         return StatsResult(
             uptime_seconds=time.monotonic() - self.stats.started,
             counters=counters,

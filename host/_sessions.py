@@ -14,6 +14,7 @@ import os
 import uuid
 from collections.abc import Sequence
 
+import msgspec
 from msgspec import UNSET, Raw
 
 from host._errors import Conflict, LimitExceeded, NotFound
@@ -21,7 +22,6 @@ from host._index import Row, SessionRow, now_iso
 from host._locks import UNSTARTED
 from host._messages import (
     Message,
-    display_capped,
     pager_from_json,
     parse_all,
     parse_incoming,
@@ -52,6 +52,7 @@ from host._wire import (
 )
 
 log = logging.getLogger("host.sessions")
+_ENC = msgspec.json.Encoder()
 
 
 class SessionMethods:
@@ -153,8 +154,8 @@ class SessionMethods:
                     " page with limit/beforeLine",
                     limit=MAX_LINE,
                 )
-            if cap is None:
-                lines = await self.store.read_rows(s, rows)
+            if cap is None:  # views of one read: the page is held once, then its answer
+                lines = await self.store.read_raw(s, rows)
             else:  # read in bounded runs, capping as it goes: memory follows the answer
                 lines = []
                 run: list[Row] = []
@@ -162,16 +163,15 @@ class SessionMethods:
                     if r.length <= cap:
                         run.append(r)
                         if len(run) == 1024:
-                            lines += await self.store.read_rows(s, run)
+                            lines += await self.store.read_raw(s, run)
                             run = []
                         continue
-                    lines += await self.store.read_rows(s, run)
+                    lines += await self.store.read_raw(s, run)
                     run = []
-                    lines.append(display_capped(await self.store.read_row(s, r), cap))
-                lines += await self.store.read_rows(s, run)
-        return GetResult(
-            messages=[Raw(b) for b in lines], start_line=start, end_line=end, total_lines=total
-        )
+                    capped = await self.store.read_capped(s, r, cap, _host_fields(r))
+                    lines.append(Raw(capped))
+                lines += await self.store.read_raw(s, run)
+        return GetResult(messages=lines, start_line=start, end_line=end, total_lines=total)
 
     # -- writes ---------------------------------------------------------------------
 
@@ -330,6 +330,17 @@ class SessionMethods:
                 pos += len(nl.data) + 1
             await self.store.rewrite(s, pieces, rows)
             return CountResult(count=len(msgs))
+
+
+def _host_fields(row: Row) -> dict[str, bytes]:
+    """The host-owned fields of a stored line as the index holds them (a capped copy's,
+    when its walk stops before them)."""
+    out = {"id": _ENC.encode(row.message_id), "role": _ENC.encode(row.role)}
+    if row.turn_id is not None:
+        out["turnId"] = _ENC.encode(row.turn_id)
+    out["status"] = _ENC.encode(row.status)
+    out.update((k, bytes(v)) for k, v in pager_from_json(row.pager).items())
+    return out
 
 
 def _compact(kept: Sequence[Row]) -> tuple[list[Piece], list[Row]]:

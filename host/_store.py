@@ -17,6 +17,7 @@ import contextlib
 import logging
 import shutil
 import time
+from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -30,13 +31,16 @@ from host._fs import FileSystem
 from host._index import Index, Row, now_iso
 from host._intents import ArchiveStep, Intents
 from host._layout import Layout, UnsafeFolder
+from host._limits import OPEN_TRANSCRIPTS
 from host._locks import UNSTARTED, LockTable
-from host._messages import Message, pager_json, valid_line
+from host._messages import Message, display_capped, pager_json, valid_line
 from host._transcript import Piece, Rewrite, Transcript
 from host._turnlog import TurnLog, TurnRecord, TurnStatus
 
 log = logging.getLogger("host.store")
 BIG_WRITE = 1 << 20  # appends larger than this are written off the loop
+ROOM_WAIT = 30.0
+"""Seconds a call waits for an open transcript to close before it opens one more."""
 
 
 @dataclass(slots=True)
@@ -128,7 +132,14 @@ class FsyncPolicy:
 class Store:
     """Sessions' files and index rows, and the primitives every method is built from."""
 
-    def __init__(self, layout: Layout, index: Index, fs: FileSystem | None = None) -> None:
+    def __init__(
+        self,
+        layout: Layout,
+        index: Index,
+        fs: FileSystem | None = None,
+        *,
+        open_transcripts: int = OPEN_TRANSCRIPTS,
+    ) -> None:
         self.layout = layout
         self.index = index
         self.fs = fs or FileSystem()
@@ -137,7 +148,14 @@ class Store:
         self.checkpoints = Checkpoints(layout, self.fs)
         self.intents = Intents(layout, self.fs, self.archive)
         self.turnlog = TurnLog(layout, self.fs)
-        self._open: dict[str, OpenSession] = {}
+        self._open: dict[str, OpenSession] = {}  # least recently used first
+        self.open_transcripts = open_transcripts
+        """How many transcripts are open at most: to open another, the least recently
+        used idle one is closed, or the call waits for one to be idle (each holds a
+        descriptor: 10,000 sessions must fit in ``ulimit -n 256``)."""
+        self._opening = 0  # transcripts being opened (their room is taken)
+        self._room: deque[asyncio.Future[None]] = deque()  # calls waiting to open one
+        self.locks.on_idle = self._idle
         self.fsyncs = FsyncPolicy()
         self.scans = ThreadPoolExecutor(1, thread_name_prefix="host-scan")
         """Where a big request's second JSON scan runs while the loop's write flushes."""
@@ -162,18 +180,23 @@ class Store:
             self.forget(session_id)
             await asyncio.to_thread(self.finish_change, session_id)
             lags = True
-        s = self._open.get(session_id)
+        s = self._open.pop(session_id, None)
         if s is not None:
+            self._open[session_id] = s  # the most recently used now
             return s
         from host._recovery import reconcile  # recovery builds on the store
 
         row = await self.index.session(session_id)
         if row is None:
             raise NotFound("session", session_id)
+        await self._make_room()
+        self._opening += 1
         try:
             transcript = Transcript(self.fs, self.layout.transcript(session_id))
         except FileNotFoundError:
             raise NotFound("session", session_id) from None
+        finally:
+            self._opening -= 1
         if lags or not row.matches(transcript.stamp()):
             # Changed behind the index's back (a write that failed half-way): the file is
             # the truth, so index it again, and reopen it (a quarantine replaces it).
@@ -181,6 +204,7 @@ class Store:
             await reconcile(self, session_id, full=lags)
             row = await self.index.session(session_id)
             assert row is not None
+            await self._make_room()
             transcript = Transcript(self.fs, self.layout.transcript(session_id))
         s = OpenSession(session_id, transcript, row.line_count, row.byte_size)
         self._open[session_id] = s
@@ -214,6 +238,50 @@ class Store:
             log.warning("session %s: a change cut short by the disk is finished", session_id)
         self.intents.unfinished.discard(session_id)
 
+    async def _make_room(self) -> None:
+        """Return once a transcript may be opened within :attr:`open_transcripts`.
+
+        The least recently used idle session's is closed for it: only a session nobody
+        holds or awaits, since a call keeps its ``OpenSession`` (and a rewrite its old
+        descriptor) from its first read to its last write, under the lock. When every
+        open one is busy, wait (in turn) until one is idle: a call holding a lock never
+        waits for anything but the disk and the index, so one soon is. Bounded, and
+        said so: past :data:`ROOM_WAIT` the transcript is opened anyway.
+        """
+        while len(self._open) + self._opening >= self.open_transcripts:
+            victim = next((sid for sid in self._open if not self.locks.users(sid)), None)
+            if victim is not None:  # least recently used first: most often the very first
+                self.forget(victim)
+                self.count("transcripts.closed")
+                continue
+            turn = asyncio.get_running_loop().create_future()
+            self._room.append(turn)
+            try:
+                async with asyncio.timeout(ROOM_WAIT):
+                    await turn
+            except TimeoutError:
+                log.warning(
+                    "%d transcripts open and busy for %.0f s: opening one more",
+                    len(self._open),
+                    ROOM_WAIT,
+                )
+                return
+            finally:
+                if turn in self._room:
+                    self._room.remove(turn)
+
+    def _idle(self, session_id: str) -> None:
+        """A session's last caller left: a call waiting for room may close it now."""
+        if session_id in self._open:
+            self._next_room()
+
+    def _next_room(self) -> None:
+        while self._room:
+            turn = self._room.popleft()
+            if not turn.done():
+                turn.set_result(None)
+                return
+
     def idle_session(self, session_id: str) -> OpenSession | None:
         """The open session, when a call may write it at once without taking its lock.
 
@@ -224,7 +292,10 @@ class Store:
         """
         if UNSTARTED[0] or self.index.stale or self.locks.users(session_id):
             return None
-        return self._open.get(session_id)
+        s = self._open.pop(session_id, None)
+        if s is not None:
+            self._open[session_id] = s  # the most recently used now
+        return s
 
     def is_open(self, s: OpenSession) -> bool:
         """Whether ``s`` is still the served state (a failed undo forgets it)."""
@@ -240,6 +311,7 @@ class Store:
         s = self._open.pop(session_id, None)
         if s is not None:
             s.transcript.close()
+            self._next_room()
 
     def close(self) -> None:
         """Close every open transcript, and let the scan thread go."""
@@ -251,22 +323,38 @@ class Store:
 
     async def read_rows(self, s: OpenSession, rows: Sequence[Row]) -> list[bytes]:
         """Read the stored lines of ``rows`` (contiguous, in order) with one read."""
+        data, spans = await self._read_range(s, rows)
+        return [data[a:b] for a, b in spans]
+
+    async def read_raw(self, s: OpenSession, rows: Sequence[Row]) -> list[Raw]:
+        """:meth:`read_rows` as views of the one read, not copies (a page to answer)."""
+        data, spans = await self._read_range(s, rows)
+        view = memoryview(data)
+        return [Raw(view[a:b]) for a, b in spans]
+
+    async def _read_range(
+        self, s: OpenSession, rows: Sequence[Row]
+    ) -> tuple[bytes, list[tuple[int, int]]]:
+        """Read ``rows`` (contiguous, in order) with one read, each checked still a line;
+        return the bytes and where each line is in them."""
         if not rows:
-            return []
+            return b"", []
         start = rows[0].offset
         size = rows[-1].offset + rows[-1].length + 1 - start
         if size > BIG_WRITE:
             data = await asyncio.to_thread(s.transcript.read, start, size)
         else:
             data = s.transcript.read(start, size)
-        out = []
-        for r in rows:
-            a = r.offset - start
-            line = data[a : a + r.length]
-            if data[a + r.length : a + r.length + 1] != b"\n" or not valid_line(line):
-                await self._damaged(s, r.line)
-            out.append(line)
-        return out
+        ascii = data.isascii()  # then no line needs a UTF-8 decode (a copy) to check it
+        spans = []
+        with memoryview(data) as view:
+            for r in rows:
+                a = r.offset - start
+                b = a + r.length
+                if data[b : b + 1] != b"\n" or not valid_line(view[a:b], utf8=ascii):
+                    await self._damaged(s, r.line)
+                spans.append((a, b))
+        return data, spans
 
     async def _damaged(self, s: OpenSession, line: int) -> None:
         """A line changed on disk behind the host's back: rescan, quarantine, refuse."""
@@ -284,6 +372,28 @@ class Store:
     async def read_row(self, s: OpenSession, row: Row) -> bytes:
         """Read one stored line."""
         return (await self.read_rows(s, [row]))[0]
+
+    async def read_capped(
+        self, s: OpenSession, row: Row, cap: int, host_fields: dict[str, bytes]
+    ) -> bytes:
+        """Read one stored line as its display-capped copy (:func:`display_capped`).
+
+        The copy costs what it returns, not the line: the line is read (off the loop when
+        big) but not scanned whole; what the copy holds is checked, and a line that proves
+        not to be a message is damaged, as :meth:`read_rows` finds it.
+        """
+        size = row.length + 1
+        if size > BIG_WRITE:
+            data = await asyncio.to_thread(s.transcript.read, row.offset, size)
+        else:
+            data = s.transcript.read(row.offset, size)
+        try:
+            if data[-1:] != b"\n":
+                raise ValueError("the line does not end where the index says")
+            return display_capped(data, cap, host_fields)  # its newline is JSON space
+        except ValueError:
+            await self._damaged(s, row.line)
+            raise  # pragma: no cover - _damaged always raises
 
     # -- writes ---------------------------------------------------------------------
 

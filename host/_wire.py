@@ -16,6 +16,8 @@ from typing import Annotated, Any, Literal, Union
 import msgspec
 from msgspec import UNSET, Meta, Raw, Struct, UnsetType
 
+from host._surrogates import decode
+
 PROTOCOL_VERSION = 11
 MAX_LINE = 64 * 1024 * 1024  # 67,108,864 bytes, newline excluded
 MESSAGE_ROOM = 4096
@@ -23,6 +25,8 @@ MESSAGE_ROOM = 4096
 (``turnId``, ``status``, the pager stamp: a few hundred bytes at most) and for the answer
 that carries it alone: every stored line stays readable as a page of one."""
 MAX_MESSAGE = MAX_LINE - MESSAGE_ROOM  # 67,104,768 bytes, as the caller sends it
+MAX_BATCH = 1_024
+"""The most elements a batch may hold (the outbox sends 256 at most)."""
 
 ID_PATTERN = r"^(?!\.\.?\Z)[A-Za-z0-9._:-]{1,128}\Z"  # \Z: "$" would let "ab\n" in
 Id = Annotated[str, Meta(pattern=ID_PATTERN)]
@@ -360,7 +364,35 @@ REQUEST: msgspec.json.Decoder[Any] = msgspec.json.Decoder(Union[tuple(REQUEST_TY
 msgspec finds the tag without a second pass when ``method`` comes before ``params`` (as
 every client here sends it); after them, it costs the two passes of the two-phase way.
 """
-BATCH = msgspec.json.Decoder(list[Raw])
+_NO_ELEMENT = Raw(b"")
+_BATCH = msgspec.json.Decoder(
+    msgspec.defstruct(
+        "Batch",
+        [(f"e{i}", Raw, msgspec.field(default=_NO_ELEMENT)) for i in range(MAX_BATCH + 1)],
+        array_like=True,
+    )
+)
+
+
+class BatchTooLong(Exception):
+    """Raised by :func:`batch_items` for a batch of more than :data:`MAX_BATCH` elements."""
+
+
+def batch_items(line: bytes) -> list[Raw]:
+    """The elements of a batch line (a JSON array), at most :data:`MAX_BATCH` of them.
+
+    Decoded as an array-like Struct of ``MAX_BATCH + 1`` fields, which keeps no more than
+    that (the rest is checked to be JSON and skipped): a 64 MiB line of ``[1,1,...]`` costs
+    one scan, not 33 million objects. ``msgspec.DecodeError`` when the line is not JSON,
+    :class:`BatchTooLong` past the cap.
+    """
+    batch = decode(_BATCH, line)  # a half surrogate pair in an element is JSON too
+    items = [x for x in msgspec.structs.astuple(batch) if x is not _NO_ELEMENT]
+    if len(items) > MAX_BATCH:
+        raise BatchTooLong(f"a batch may hold at most {MAX_BATCH:,} elements")
+    return items
+
+
 ID_ONLY = msgspec.json.Decoder(IdOnly)
 ANY = msgspec.json.Decoder()
 ENCODER = msgspec.json.Encoder()

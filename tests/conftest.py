@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import json
 import os
+import resource
 import signal
 import sqlite3
 import subprocess
@@ -452,7 +454,8 @@ def data_dir(tmp_path: Path) -> Path:
 async def start_host(
     request: pytest.FixtureRequest, tmp_path: Path, data_dir: Path
 ) -> AsyncIterator[StartHost]:
-    """Return ``start(data_dir=None, *, socket=None, ready=True, umask=None, args=())``.
+    """Return ``start(data_dir=None, *, socket=None, ready=True, umask=None, args=(),
+    nofile=None)`` (``nofile``: the host's ``RLIMIT_NOFILE``, ``(soft, hard)`` or both).
 
     ``start()`` serves stdio (``host.client`` is its client); ``start(socket=PATH)`` serves
     a Unix socket and, unless ``ready=False``, returns once the host logged "serving on"
@@ -469,6 +472,7 @@ async def start_host(
         ready: bool = True,
         umask: int | None = None,
         args: Iterable[str] = (),
+        nofile: int | tuple[int, int] | None = None,
     ) -> HostProcess:
         data = data_dir if data is None else data
         cmd = [sys.executable, "-m", "host", "serve", "--data-dir", str(data), *args]
@@ -476,6 +480,11 @@ async def start_host(
             cmd += ["--socket", str(socket)]
         log_path = tmp_path / f"host-{next(counter)}.stderr.log"
         extra: dict[str, Any] = {} if umask is None else {"umask": umask}
+        if nofile is not None:  # as `ulimit -n` leaves it: (soft, hard), or both
+            limit = nofile if isinstance(nofile, tuple) else (nofile, nofile)
+            extra["preexec_fn"] = functools.partial(
+                resource.setrlimit, resource.RLIMIT_NOFILE, limit
+            )
         proc = await asyncio.create_subprocess_exec(
             *cmd,
             stdin=asyncio.subprocess.PIPE if socket is None else asyncio.subprocess.DEVNULL,

@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import Client, RpcError, dumps, everything, make_session, msg, transcript
+from tests.conftest import (
+    Client,
+    RpcError,
+    StartHost,
+    dumps,
+    everything,
+    get_messages,
+    make_session,
+    msg,
+    transcript,
+)
 
 
 async def _ids(client: Client, **params: object) -> tuple[list[str], int, int, int]:
@@ -119,3 +132,45 @@ async def test_a_capped_row_written_back_is_conflict(client: Client, data_dir: P
     assert await everything(client, data_dir) == before
     full = await client.call("session.get", sessionId="s")
     assert full["messages"][0]["content"] == "y" * 5000
+
+
+async def _appends_until(client: Client, sid: str, done: asyncio.Event) -> list[float]:
+    """Append to ``sid`` one call at a time until ``done``; each round trip's seconds."""
+    times = []
+    for i in itertools.count():
+        t0 = time.perf_counter()
+        await client.call("session.appendMessage", sessionId=sid, message=msg(f"p{i}"))
+        times.append(time.perf_counter() - t0)
+        if done.is_set():
+            return times
+    raise AssertionError("unreachable")
+
+
+async def test_a_capped_read_of_25_mb_of_tiny_strings_is_its_cap_and_stalls_no_one(
+    start_host: StartHost, tmp_path: Path, data_dir: Path
+) -> None:
+    """Capping used to decode the whole message and re-encode it once per step of a
+    bisection: 5 million tiny strings held the loop ~13 s (issue 26), and, since strings
+    of up to 32 characters are never cut, answered 25 MB for a cap of 1,000."""
+    (data_dir / "sessions").mkdir(parents=True, mode=0o700)
+    tiny = b",".join([b'"ab"'] * 5_000_000)
+    line = b'{"id":"m1","role":"tool","content":[' + tiny + b"]}\n"
+    transcript(data_dir, "big").write_bytes(line)
+    host = await start_host(socket=tmp_path / "host.sock")
+    reader, writer = await host.connect(), await host.connect()
+    await reader.handshake()
+    await writer.handshake()
+    await writer.call("session.create", sessionId="other")
+    done = asyncio.Event()
+    appending = asyncio.ensure_future(_appends_until(writer, "other", done))
+    async with asyncio.timeout(10):
+        page = await reader.call("session.get", sessionId="big", displayCap=1000)
+        done.set()
+        times = await appending
+    (copy,) = page["messages"]
+    assert len(dumps(copy)) <= 1000
+    assert (copy["id"], copy["role"], copy["capped"]) == ("m1", "tool", True)
+    assert len(copy["content"]) > 0 and set(copy["content"]) == {"ab"}
+    # Another session's appends went on meanwhile (the bound is generous: a shared machine).
+    assert max(times) < 1.0, f"another session's append waited {max(times):.2f} s"
+    assert len(await get_messages(writer, "other")) == len(times)

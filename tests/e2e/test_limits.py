@@ -7,7 +7,9 @@ host indexes it at start), so no 34 MB message has to cross the protocol to be s
 
 from __future__ import annotations
 
+import asyncio
 import json
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -225,3 +227,60 @@ async def test_a_message_accepted_stays_readable_once_stamped(client: Client) ->
     assert root["id"] == ROOT and root["revisionCount"] == 2
     assert len(root["content"]) == MAX_MESSAGE - len(b'{"id":"","role":"user","content":""}') - 128
     assert client.longest_line <= MAX_LINE
+
+
+# -- batches ------------------------------------------------------------------------------
+
+MAX_BATCH = 1_024
+
+
+async def test_a_batch_of_520_000_elements_is_refused_at_once_and_the_host_serves_on(
+    start_host: StartHost, tmp_path: Path
+) -> None:
+    """A 1 MB line ``[1,1,...]`` used to spin the host for good: 520,000 errors of 143
+    bytes, each "replaced" by a longer LIMIT_EXCEEDED (ADR-less bug, issue 26 case 1)."""
+    host = await start_host(socket=tmp_path / "host.sock")
+    hostile, other = await host.connect(), await host.connect()
+    await hostile.handshake()
+    await other.handshake()
+    line = b"[" + b",".join([b"1"] * 520_000) + b"]"
+    async with asyncio.timeout(10):  # one error, at once: not a spin, not a 74 MB answer
+        reply = await hostile.raw(line)
+    assert reply["id"] is None
+    assert reply["error"]["code"] == -32003
+    assert reply["error"]["data"] == {"code": "LIMIT_EXCEEDED", "limit": MAX_BATCH}
+    # The host serves this connection and every other one, and stops on SIGTERM.
+    assert (await hostile.call("session.list")) == {"sessions": []}
+    assert (await other.call("session.create", sessionId="s"))["created"] is True
+    host.proc.send_signal(signal.SIGTERM)
+    assert await host.wait() == 0
+
+
+async def test_a_batch_at_the_cap_is_served_and_one_more_element_is_refused(
+    client: Client,
+) -> None:
+    await client.call("session.create", sessionId="s")
+    at_cap = [client.envelope("session.list", {}, i) for i in range(MAX_BATCH)]
+    out = await client.batch(at_cap)
+    assert sorted(r["id"] for r in out) == list(range(MAX_BATCH))
+    assert all(r["result"]["sessions"][0]["sessionId"] == "s" for r in out)
+    over = [*at_cap, client.envelope("session.list", {}, MAX_BATCH)]
+    reply = await client.raw(dumps(over))
+    assert reply["id"] is None and reply["error"]["data"]["code"] == "LIMIT_EXCEEDED"
+    assert (await client.call("session.list"))["sessions"][0]["sessionId"] == "s"
+
+
+async def test_a_batch_answer_that_errors_cannot_shrink_is_replaced_whole(client: Client) -> None:
+    """1,000 calls whose ids fill the line: every answer carries its 67 KB id, so no error
+    that replaces one is shorter than it. The answer must still fit (and come at all)."""
+    n, k = 1_000, 67_040
+    items = [client.envelope("no.such.method", None, f"{i:05d}" + "i" * (k - 5)) for i in range(n)]
+    line = dumps(items)
+    assert len(line) <= MAX_LINE  # the request fits; its answers together do not
+    async with asyncio.timeout(20):
+        reply = await client.raw(line)
+    assert reply["id"] is None
+    assert reply["error"]["data"]["code"] == "LIMIT_EXCEEDED"
+    assert "batch response over 64 MiB" in reply["error"]["message"]
+    assert client.longest_line <= MAX_LINE
+    assert (await client.call("session.list")) == {"sessions": []}

@@ -17,6 +17,7 @@ import pytest
 
 from host import Host
 from host._endpoint import Connection
+from host._limits import CALLS_IN_FLIGHT, READ_AHEAD
 
 
 class FakeWriter:
@@ -154,3 +155,73 @@ async def test_finished_calls_leave_no_garbage_for_the_cycle_collector(
         gc.enable()
     assert writer.replies()["get"]["result"]["totalLines"] == 50
     assert left == []
+
+
+class _Reader:
+    """The reader edge: records what flow control asks of it."""
+
+    def __init__(self) -> None:
+        self.paused = False
+        self.resumed = 0
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+        self.resumed += 1
+
+
+@pytest.mark.parametrize("size", [10_000, 10], ids=["4 MiB of requests", "1,024 calls"])
+async def test_reading_pauses_at_the_bound_of_calls_in_flight_and_resumes_after(
+    opened: tuple[Host, Connection, FakeWriter], size: int
+) -> None:
+    """A 5,000-append burst of 10 KB lines grew the host by ~60 MB when its fsyncs were
+    slow (issue 26): every line read was held. Here the calls wait on their session's
+    lock, as behind a slow fsync; the connection asks its reader to stop at the bound."""
+    host, conn, writer = opened
+    reader = _Reader()
+    conn.reader = reader
+    fed = held = 0
+    async with host.store.locks.hold("s"):
+        while not reader.paused and fed < 5_000:
+            message = {"id": f"b{fed}", "role": "user", "content": "y" * size}
+            data = line("session.appendMessage", {"sessionId": "s", "message": message}, fed)
+            conn.feed(data)
+            fed, held = fed + 1, held + len(data)
+        assert reader.paused
+        if size > 10:  # paused by the line that took it to 4 MiB, not one later
+            assert held - len(data) < READ_AHEAD <= held
+        else:
+            assert fed == CALLS_IN_FLIGHT
+    await conn.finish()
+    assert not reader.paused and reader.resumed == 1
+    replies = writer.replies()
+    assert all(replies[i]["result"]["appended"] for i in range(fed))
+
+
+async def test_a_call_waiting_for_its_client_to_read_is_cancelled_and_others_go_on(
+    opened: tuple[Host, Connection, FakeWriter],
+) -> None:
+    """While the client leaves its answers unread, calls wait to start, in order; one
+    of them can still be cancelled (it never started), and the rest run once it reads."""
+    host, conn, writer = opened
+    conn.writer_paused(True)  # the transport's high-water mark: the client reads nothing
+    conn.feed(line("session.get", {"sessionId": "s"}, "g1"))
+    conn.feed(line("session.appendMessage", {"sessionId": "s", "message": _m("a")}, "a"))
+    for _ in range(10_000):  # bounded: until both wait at the gate
+        if host.stats.waiting == 2:
+            break
+        await asyncio.sleep(0)
+    assert host.stats.waiting == 2
+    conn.feed(line("$/cancelRequest", {"id": "g1"}))
+    conn.writer_paused(False)
+    await conn.finish()
+    replies = writer.replies()
+    assert replies["g1"]["error"]["data"]["code"] == "REQUEST_CANCELLED"
+    assert replies["a"]["result"] == {"line": 0, "appended": True}
+    assert host.stats.waiting == 0
+
+
+def _m(mid: str) -> dict[str, Any]:
+    return {"id": mid, "role": "user", "content": "x"}

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from host._framing import CHUNK, ROOM, TOO_LONG, LineReader
+from host._framing import CHUNK, KEEP, ROOM, TOO_LONG, LineReader, Refused, RequestBudget
+from host._limits import READ_BUFFER
 
 MODES = ["get_buffer", "data_received"]
 
@@ -96,7 +97,76 @@ def test_a_big_buffer_is_let_go_after_its_line() -> None:
     _read_into(reader, b"y\n")
     assert got == [b"x" * (8 * CHUNK), b"y"]
     with reader.get_buffer(-1) as room:
-        assert len(room.obj) == CHUNK  # type: ignore[arg-type]
+        assert len(room.obj) == READ_BUFFER  # type: ignore[arg-type]
+
+
+def test_a_buffer_is_small_until_a_long_line_comes_and_a_grown_one_is_kept_to_4_mib() -> None:
+    """1,000 idle connections held 1 MiB each (issue 26); a reply's 1 MB snapshots, one
+    after the other, must not grow a buffer from scratch every time."""
+    got: list[object] = []
+    budget = RequestBudget()
+    reader = LineReader(got.append, budget=budget)
+    _read_into(reader, b"short\n")
+    with reader.get_buffer(-1) as room:
+        assert len(room.obj) == READ_BUFFER  # type: ignore[arg-type]
+    _read_into(reader, b"x" * CHUNK + b"\n")
+    with reader.get_buffer(-1) as room:
+        kept = len(room.obj)  # type: ignore[arg-type]
+    assert CHUNK < kept <= KEEP
+    assert budget.used == kept - READ_BUFFER  # counted while kept
+    reader.connection_lost(None)
+    assert budget.used == 0
+
+
+def test_a_line_the_shared_budget_cannot_hold_is_refused_with_its_head() -> None:
+    got: list[object] = []
+    budget = RequestBudget(limit=3 * CHUNK)
+    reader = LineReader(got.append, budget=budget)
+    head = b'{"jsonrpc":"2.0","id":7,"method":"session.get","params":{"pad":"'
+    _read_into(reader, head + b"a" * (8 * CHUNK) + b'"}}\nok\n')
+    (refused, ok) = got
+    assert isinstance(refused, Refused) and refused.head.startswith(head)
+    assert ok == b"ok"
+    assert budget.used <= 3 * CHUNK
+
+
+def test_an_idle_grown_buffer_is_let_go_for_another_connections_line() -> None:
+    budget = RequestBudget(limit=5 * CHUNK)  # a keeps ~2 MiB; b's line grows to ~4 MiB
+    a_got: list[object] = []
+    b_got: list[object] = []
+    a = LineReader(a_got.append, budget=budget)
+    b = LineReader(b_got.append, budget=budget)
+    _read_into(a, b"x" * CHUNK + b"\n")  # a keeps a grown buffer, holding nothing
+    _read_into(b, b"y" * (2 * CHUNK) + b"\n")
+    assert b_got == [b"y" * (2 * CHUNK)]
+    with a.get_buffer(-1) as room:
+        assert len(room.obj) == READ_BUFFER  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_lines_read_while_paused_wait_and_come_in_order_at_resume(mode: str) -> None:
+    got: list[object] = []
+    reader = LineReader(got.append, 100)
+    reader.connection_made(_Transport())
+    feed = (lambda c: _read_into(reader, c)) if mode == "get_buffer" else reader.data_received
+    feed(b"a\nb")
+    reader.pause()
+    assert reader.transport.reading is False
+    feed(b"\nc\nd")
+    reader.eof_received()
+    assert got == [b"a"] and not reader.ended.is_set()
+    reader.resume()
+    assert got == [b"a", b"b", b"c", b"d"] and reader.ended.is_set()
+
+
+class _Transport:
+    reading = True
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
 
 
 def test_after_stop_nothing_more_is_handed_on() -> None:

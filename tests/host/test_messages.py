@@ -137,3 +137,67 @@ def test_display_capped_of_any_text_stays_valid_json_within_the_cap(text: str, c
     assert value["capped"] is True and value["id"] == "m"
     assert len(out) <= cap
     assert text.startswith(value["content"].removesuffix("…"))
+
+
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(10**30), 10**30)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=120),
+    lambda inner: (
+        st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=8), inner, max_size=6)
+    ),
+    max_leaves=40,
+)
+
+
+def _within(copy: object, orig: object) -> bool:
+    """Whether ``copy`` is ``orig`` with strings cut ("…"), and arrays and objects ended early."""
+    if isinstance(orig, str) and isinstance(copy, str):
+        return copy == orig or (copy.endswith("…") and orig.startswith(copy[:-1]))
+    if isinstance(orig, list) and isinstance(copy, list):
+        return len(copy) <= len(orig) and all(map(_within, copy, orig))
+    if isinstance(orig, dict) and isinstance(copy, dict):
+        return all(k in orig and _within(v, orig[k]) for k, v in copy.items())
+    return copy == orig
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    fields=st.dictionaries(st.sampled_from(["content", "usage", "meta", "x", "turnId"]), _JSON),
+    ascii_only=st.booleans(),
+    cap=st.integers(min_value=1, max_value=1500),
+)
+def test_display_capped_of_any_message_is_a_cut_down_copy_within_the_cap(
+    fields: dict[str, object], ascii_only: bool, cap: int
+) -> None:
+    """Whatever the message holds: a valid message, capped, host fields kept, every value
+    a cut-down copy of the stored one, and no longer than the cap when that leaves room
+    for the host's own fields."""
+    message = {"id": "m", "role": "tool", **{k: v for k, v in fields.items() if k != "turnId"}}
+    if isinstance(fields.get("turnId"), str):
+        message["turnId"] = "t1"
+    line = json.dumps(message, ensure_ascii=ascii_only).encode()  # \\u escapes, pairs too
+    host = {k: json.dumps(v).encode() for k, v in message.items() if k in ("id", "role", "turnId")}
+    out = display_capped(line, cap, host)
+    value = json.loads(out)
+    assert value.pop("capped") is True
+    assert (value["id"], value["role"], value.get("turnId")) == ("m", "tool", message.get("turnId"))
+    assert _within(value, json.loads(line))
+    least = len(display_capped(line, 1, host))  # the host's fields alone
+    assert len(out) <= max(cap, least)
+
+
+def test_a_capped_copy_of_a_huge_message_costs_what_it_returns() -> None:
+    """25 MB of tiny strings (issue 26): the copy is cut to its cap, the host's fields
+    come from the index's copy when they come after the cut, and the walk stops early."""
+    tiny = b",".join([b'"ab"'] * 5_000_000)
+    line = b'{"content":[' + tiny + b'],"id":"m1","role":"tool","turnId":"t9"}'
+    host = {"id": b'"m1"', "role": b'"tool"', "turnId": b'"t9"', "status": b'"complete"'}
+    out = display_capped(line, 1000, host)
+    assert len(out) <= 1000
+    value = json.loads(out)
+    assert (value["id"], value["role"], value["turnId"]) == ("m1", "tool", "t9")
+    assert value["capped"] is True
+    assert 0 < len(value["content"]) < 1000 and set(value["content"]) == {"ab"}
