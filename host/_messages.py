@@ -496,14 +496,25 @@ def _cut_string(line: bytes, start: int, end: int, n: int) -> bytes:
         return line[start - 1 : end + 1]
     for cut in range(start + n, max(start, start + n - 16) - 1, -1):
         piece = b'"' + line[start:cut] + b'"'
+        if _splits_pair(piece):
+            continue
         try:
-            # not inside an escape, a UTF-8 sequence or a surrogate pair (a lone half, as
+            # not inside an escape or a UTF-8 sequence (a lone half of a surrogate pair, as
             # JSON.stringify writes one, is the caller's: kept)
             decode(_STR, piece, read=True)
         except msgspec.DecodeError:
             continue
         return piece[:-1] + "…".encode() + b'"'
     raise ValueError("no place to cut a string")
+
+
+_HIGH_HALF = re.compile(rb"(\\+)u[dD][89abAB][0-9a-fA-F]{2}\"$")
+
+
+def _splits_pair(piece: bytes) -> bool:
+    """Whether a cut string ends with the first half of a surrogate pair's escape."""
+    m = _HIGH_HALF.search(piece)
+    return m is not None and len(m.group(1)) % 2 == 1  # an escape, not an escaped backslash
 
 
 def _only_host_fields(line: bytes, host_fields: dict[str, bytes]) -> bytes:
