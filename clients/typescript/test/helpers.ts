@@ -7,6 +7,7 @@
  * worktree's `.venv/bin/python`).
  */
 
+import assert from "node:assert/strict";
 import { existsSync } from "node:fs";
 import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
@@ -66,6 +67,29 @@ export class WireSchema {
 }
 
 const schemaPromise = WireSchema.load();
+const live = new Set<TestHost>();
+
+/**
+ * Kill every host a test started and did not stop, and remove its data dir: run after each
+ * test (`afterEach(stopAll)`), so a failed test leaves no process behind to keep Node alive.
+ */
+export async function stopAll(): Promise<void> {
+  for (const host of live) {
+    host.client.kill();
+    await host.client.gone;
+    await removeDir(host.dataDir);
+  }
+  live.clear();
+}
+
+/** Close a host the way an app quits (end of input), check it exited 0 and spoke the schema. */
+export async function finish(host: TestHost): Promise<void> {
+  const gone = await host.client.close();
+  live.delete(host);
+  assert.equal(gone.exitCode, 0, host.log());
+  assert.deepEqual(host.violations, [], "messages that do not match the schema");
+  await removeDir(host.dataDir);
+}
 
 function methodPointer(method: string, part: "params" | "result"): string {
   return `/$defs/Methods/properties/${method.replace(/~/g, "~0").replace(/\//g, "~1")}/properties/${part}`;
@@ -119,7 +143,9 @@ export async function startHost(
     },
     trace: check,
   });
-  return { client, dataDir: dir, log: () => log, violations };
+  const host = { client, dataDir: dir, log: () => log, violations };
+  live.add(host);
+  return host;
 }
 
 /** Remove a test's data dir. */

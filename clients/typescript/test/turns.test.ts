@@ -8,19 +8,15 @@ import assert from "node:assert/strict";
 import { existsSync } from "node:fs";
 import { readFile } from "node:fs/promises";
 import { join } from "node:path";
-import { test } from "node:test";
+import { afterEach, test } from "node:test";
 
 import { HostGone, connectSequence, type Message } from "../src/index.js";
-import { message, removeDir, startHost, type TestHost } from "./helpers.js";
+import { finish, message, startHost, stopAll } from "./helpers.js";
+
+afterEach(stopAll);
 
 const TIMEOUT = { timeout: 60_000 };
 
-async function finish(host: TestHost): Promise<void> {
-  const gone = await host.client.close();
-  assert.equal(gone.exitCode, 0, host.log());
-  assert.deepEqual(host.violations, [], "messages that do not match the schema");
-  await removeDir(host.dataDir);
-}
 
 function checkpoint(dataDir: string, sessionId: string): string {
   return join(dataDir, "sessions", `${sessionId}.inflight.json`);

@@ -9,7 +9,7 @@ import { once } from "node:events";
 import { mkdtemp, readFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { test } from "node:test";
+import { afterEach, test } from "node:test";
 
 import {
   DeadlineExceeded,
@@ -22,16 +22,12 @@ import {
   type Response,
   type TraceEvent,
 } from "../src/index.js";
-import { message, removeDir, signal, startHost, type TestHost } from "./helpers.js";
+import { finish, message, removeDir, signal, startHost, stopAll, type TestHost } from "./helpers.js";
+
+afterEach(stopAll);
 
 const TIMEOUT = { timeout: 60_000 };
 
-async function finish(host: TestHost): Promise<void> {
-  const gone = await host.client.close();
-  assert.equal(gone.exitCode, 0, host.log());
-  assert.deepEqual(host.violations, [], "messages that do not match the schema");
-  await removeDir(host.dataDir);
-}
 
 async function ready(options: Parameters<typeof startHost>[1] = {}): Promise<TestHost> {
   const host = await startHost(undefined, options);
