@@ -161,9 +161,10 @@ export interface CallOptions {
   signal?: AbortSignal;
 }
 
-type ParamsArgs<M extends MethodName> = {} extends Params<M>
-  ? [params?: Params<M>, options?: CallOptions]
-  : [params: Params<M>, options?: CallOptions];
+type ParamsArgs<M extends MethodName> =
+  {} extends Params<M>
+    ? [params?: Params<M>, options?: CallOptions]
+    : [params: Params<M>, options?: CallOptions];
 
 interface Pending {
   readonly id: number;
@@ -171,10 +172,16 @@ interface Pending {
   readonly message: Request;
   readonly resolve: (value: unknown) => void;
   readonly reject: (error: Error) => void;
-  line: Buffer | null; // the bytes still to write; null once handed to the stream
   timer: NodeJS.Timeout | undefined;
   onAbort: (() => void) | undefined;
   signal: AbortSignal | undefined;
+}
+
+/** A line waiting to be handed to the stream: a call's, a cancel, or a raw line. */
+interface Outgoing {
+  readonly line: Buffer;
+  readonly message: Request | CancelNotification | undefined;
+  readonly call: Pending | undefined;
 }
 
 /** One connection to a host. */
@@ -186,8 +193,7 @@ export class HostClient {
   readonly #trace: ((event: TraceEvent) => void) | undefined;
   readonly #pending = new Map<number, Pending>();
   readonly #abandoned = new Map<number, MethodName>(); // past their deadline: answers dropped
-  readonly #queue: Pending[] = []; // calls waiting for the stream to drain
-  readonly #raw: { line: Buffer; message: CancelNotification | undefined }[] = []; // no call
+  readonly #queue: Outgoing[] = []; // in order, waiting for the stream to take more
   readonly #gone: Promise<HostGone>;
   #markGone!: (gone: HostGone) => void;
   #goneError: HostGone | undefined;
@@ -290,7 +296,6 @@ export class HostClient {
         message,
         resolve: resolve as (value: unknown) => void,
         reject,
-        line,
         timer: undefined,
         onAbort: undefined,
         signal: options.signal,
@@ -302,8 +307,7 @@ export class HostClient {
         options.signal.addEventListener("abort", call.onAbort, { once: true });
       }
       this.#pending.set(id, call);
-      this.#queue.push(call);
-      this.#flush();
+      this.#send({ line, message, call });
     });
   }
 
@@ -314,7 +318,11 @@ export class HostClient {
       method: "$/cancelRequest",
       params: { id },
     };
-    this.#send(Buffer.from(JSON.stringify(message) + "\n", "utf8"), message);
+    this.#send({
+      line: Buffer.from(JSON.stringify(message) + "\n", "utf8"),
+      message,
+      call: undefined,
+    });
   }
 
   /**
@@ -323,13 +331,11 @@ export class HostClient {
    */
   writeLine(line: Buffer | string): void {
     const bytes = typeof line === "string" ? Buffer.from(line, "utf8") : line;
-    this.#send(Buffer.concat([bytes, Buffer.from("\n")]), undefined);
-  }
-
-  #send(line: Buffer, message: CancelNotification | undefined): void {
-    if (this.#goneError) return;
-    this.#raw.push({ line, message });
-    this.#flush();
+    this.#send({
+      line: Buffer.concat([bytes, Buffer.from("\n")]),
+      message: undefined,
+      call: undefined,
+    });
   }
 
   /**
@@ -360,18 +366,20 @@ export class HostClient {
 
   // -- writing --------------------------------------------------------------------------
 
-  /** Hand queued lines to the stream while it takes more; the rest waits for 'drain'. */
+  #send(outgoing: Outgoing): void {
+    if (this.#goneError) return;
+    this.#queue.push(outgoing);
+    this.#flush();
+  }
+
+  /** Hand queued lines to the stream, in order, while it takes more; the rest waits for 'drain'. */
   #flush(): void {
     while (!this.#blocked && !this.#goneError) {
-      const raw = this.#raw.shift();
-      const call = raw ? undefined : this.#queue.shift();
-      const line = raw?.line ?? call?.line;
-      if (!line) break;
-      const message = raw ? raw.message : call?.message;
-      if (call) call.line = null;
+      const next = this.#queue.shift();
+      if (!next) break;
       this.#cork();
-      this.#blocked = !this.#input.write(line);
-      if (message) this.#trace?.({ direction: "send", message });
+      this.#blocked = !this.#input.write(next.line);
+      if (next.message) this.#trace?.({ direction: "send", message: next.message });
     }
   }
 
@@ -390,7 +398,7 @@ export class HostClient {
   }
 
   #whenDrained(then: () => void): void {
-    if (this.#queue.length === 0 && this.#raw.length === 0) {
+    if (this.#queue.length === 0) {
       then();
       return;
     }
@@ -434,8 +442,9 @@ export class HostClient {
 
   // -- deadlines, cancels, the end ------------------------------------------------------
 
+  /** Take a call's line out of the queue; false when it was already handed to the stream. */
   #unqueue(call: Pending): boolean {
-    const at = this.#queue.indexOf(call);
+    const at = this.#queue.findIndex((outgoing) => outgoing.call === call);
     if (at >= 0) this.#queue.splice(at, 1);
     return at >= 0;
   }
@@ -478,7 +487,6 @@ export class HostClient {
     );
     this.#goneError = gone;
     this.#queue.length = 0;
-    this.#raw.length = 0;
     for (const call of [...this.#pending.values()]) {
       this.#settle(call);
       call.reject(gone);

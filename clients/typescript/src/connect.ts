@@ -36,7 +36,10 @@ export async function connectSequence(
   options: ConnectOptions = {},
 ): Promise<Connected> {
   const deadline = options.deadlineMs === undefined ? {} : { deadlineMs: options.deadlineMs };
-  const params = { protocolVersion: PROTOCOL_VERSION, ...(options.client && { client: options.client }) };
+  const params = {
+    protocolVersion: PROTOCOL_VERSION,
+    ...(options.client && { client: options.client }),
+  };
   const handshake = await client.call("handshake", params, deadline);
   await options.drain?.(client);
   const recovered: Result<"session.recoverInflightMessages"> = await client.call(

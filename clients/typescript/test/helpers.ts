@@ -129,7 +129,9 @@ export async function startHost(
       }
     }
     if (problems.length) {
-      violations.push(`${event.direction} ${JSON.stringify(event.message).slice(0, 300)}: ${problems.join("; ")}`);
+      violations.push(
+        `${event.direction} ${JSON.stringify(event.message).slice(0, 300)}: ${problems.join("; ")}`,
+      );
     }
     options.trace?.(event);
   };

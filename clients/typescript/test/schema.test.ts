@@ -38,47 +38,56 @@ async function expectedErrors(): Promise<string[]> {
   return out.sort();
 }
 
-test("json-schema-to-typescript and quicktype output compiles under tsc --strict and refuses what it should", { timeout: 120_000 }, async () => {
-  const dir = await mkdtemp(join(PACKAGE, ".check-"));
-  try {
-    const [jstt, quicktype] = await Promise.all([
-      generate("json2ts", [SCHEMA_FILE]), // no options
-      generate("quicktype", ["-s", "schema", SCHEMA_FILE, "-l", "ts"]),
-    ]);
-    assert.match(jstt, /export interface HostcoreProtocol \{/);
-    assert.match(jstt, /export interface Methods \{/);
-    assert.doesNotMatch(jstt, /export interface HostcoreProtocol \{\s*\[k: string\]: unknown;\s*\}/);
-    assert.match(quicktype, /export interface Methods \{/);
-    await writeFile(join(dir, "jstt.ts"), jstt);
-    await writeFile(join(dir, "quicktype.ts"), quicktype);
-    for (const file of USAGE) await copyFile(join(FIXTURES, file), join(dir, file));
-    const config = {
-      compilerOptions: {
-        strict: true,
-        noEmit: true,
-        target: "ES2022",
-        lib: ["ES2023"],
-        module: "NodeNext",
-        moduleResolution: "NodeNext",
-        types: ["node"],
-      },
-      files: ["jstt.ts", "quicktype.ts", ...USAGE], // client-usage.ts imports ../src/
-    };
-    await writeFile(join(dir, "tsconfig.json"), JSON.stringify(config));
-    const result = await run(join(BIN, "tsc"), ["-p", dir, "--pretty", "false"], { maxBuffer: 16 << 20 }).then(
-      ({ stdout }) => stdout,
-      (e: { stdout?: string }) => e.stdout ?? String(e),
-    );
-    const diagnostics = result.split("\n").filter((line) => /: error TS\d+:/.test(line));
-    const got = diagnostics
-      .map((line) => /^(?:.*\/)?([^/(]+)\((\d+),\d+\): error (TS\d+):/.exec(line))
-      .map((m, i) => (m ? `${m[1]}:${m[2]}:${m[3]}` : `unparsed: ${diagnostics[i]}`))
-      .sort();
-    assert.deepEqual(got, await expectedErrors(), result);
-  } finally {
-    await rm(dir, { recursive: true, force: true });
-  }
-});
+test(
+  "json-schema-to-typescript and quicktype output compiles under tsc --strict and refuses what it should",
+  { timeout: 120_000 },
+  async () => {
+    const dir = await mkdtemp(join(PACKAGE, ".check-"));
+    try {
+      const [jstt, quicktype] = await Promise.all([
+        generate("json2ts", [SCHEMA_FILE]), // no options
+        generate("quicktype", ["-s", "schema", SCHEMA_FILE, "-l", "ts"]),
+      ]);
+      assert.match(jstt, /export interface HostcoreProtocol \{/);
+      assert.match(jstt, /export interface Methods \{/);
+      assert.doesNotMatch(
+        jstt,
+        /export interface HostcoreProtocol \{\s*\[k: string\]: unknown;\s*\}/,
+      );
+      assert.match(quicktype, /export interface Methods \{/);
+      await writeFile(join(dir, "jstt.ts"), jstt);
+      await writeFile(join(dir, "quicktype.ts"), quicktype);
+      for (const file of USAGE) await copyFile(join(FIXTURES, file), join(dir, file));
+      const config = {
+        compilerOptions: {
+          strict: true,
+          noEmit: true,
+          target: "ES2022",
+          lib: ["ES2023"],
+          module: "NodeNext",
+          moduleResolution: "NodeNext",
+          types: ["node"],
+        },
+        files: ["jstt.ts", "quicktype.ts", ...USAGE], // client-usage.ts imports ../src/
+      };
+      await writeFile(join(dir, "tsconfig.json"), JSON.stringify(config));
+      const result = await run(join(BIN, "tsc"), ["-p", dir, "--pretty", "false"], {
+        maxBuffer: 16 << 20,
+      }).then(
+        ({ stdout }) => stdout,
+        (e: { stdout?: string }) => e.stdout ?? String(e),
+      );
+      const diagnostics = result.split("\n").filter((line) => /: error TS\d+:/.test(line));
+      const got = diagnostics
+        .map((line) => /^(?:.*\/)?([^/(]+)\((\d+),\d+\): error (TS\d+):/.exec(line))
+        .map((m, i) => (m ? `${m[1]}:${m[2]}:${m[3]}` : `unparsed: ${diagnostics[i]}`))
+        .sort();
+      assert.deepEqual(got, await expectedErrors(), result);
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  },
+);
 
 test("the wire checker the host tests use refuses what the schema refuses", async () => {
   const schema = await WireSchema.load();
@@ -88,10 +97,23 @@ test("the wire checker the host tests use refuses what the schema refuses", asyn
   assert.notDeepEqual(schema.check(result, { line: -1, appended: true }), []);
   const request = { jsonrpc: "2.0", id: 1, method: "session.appendMessage" };
   const message = { id: "m", role: "user", content: "hi", anything: [1] };
-  assert.deepEqual(schema.check("/$defs/Request", { ...request, params: { sessionId: "s", message } }), []);
-  assert.notDeepEqual(schema.check("/$defs/Request", { ...request, params: { sessionId: "s", message: 42 } }), []);
-  assert.notDeepEqual(schema.check("/$defs/Request", { ...request, params: { sessionId: "../x", message } }), []);
-  const error = { code: -32004, message: "session 's' not found", data: { code: "NOT_FOUND", kind: "session" } };
+  assert.deepEqual(
+    schema.check("/$defs/Request", { ...request, params: { sessionId: "s", message } }),
+    [],
+  );
+  assert.notDeepEqual(
+    schema.check("/$defs/Request", { ...request, params: { sessionId: "s", message: 42 } }),
+    [],
+  );
+  assert.notDeepEqual(
+    schema.check("/$defs/Request", { ...request, params: { sessionId: "../x", message } }),
+    [],
+  );
+  const error = {
+    code: -32004,
+    message: "session 's' not found",
+    data: { code: "NOT_FOUND", kind: "session" },
+  };
   assert.deepEqual(schema.check("/$defs/Response", { jsonrpc: "2.0", id: 3, error }), []);
   const wrong = { ...error, data: { code: "NOT_FOUND", kind: "file" } };
   assert.notDeepEqual(schema.check("/$defs/Response", { jsonrpc: "2.0", id: 3, error: wrong }), []);

@@ -22,12 +22,19 @@ import {
   type Response,
   type TraceEvent,
 } from "../src/index.js";
-import { finish, message, removeDir, signal, startHost, stopAll, type TestHost } from "./helpers.js";
+import {
+  finish,
+  message,
+  removeDir,
+  signal,
+  startHost,
+  stopAll,
+  type TestHost,
+} from "./helpers.js";
 
 afterEach(stopAll);
 
 const TIMEOUT = { timeout: 60_000 };
-
 
 async function ready(options: Parameters<typeof startHost>[1] = {}): Promise<TestHost> {
   const host = await startHost(undefined, options);
@@ -40,40 +47,50 @@ async function storedIds(host: TestHost): Promise<string[]> {
   return (await host.client.call("session.get", { sessionId: "s" })).messages.map((m) => m.id);
 }
 
-test("a deadline sends $/cancelRequest, and the call it gave up on does nothing", TIMEOUT, async () => {
-  const late = signal<Response>();
-  let stalledId: unknown;
-  const host = await ready({
-    trace: (event: TraceEvent) => {
-      if (event.direction === "send") {
-        const m = event.message;
-        if (m.method === "session.appendMessage" && m.params.message.id === "b") stalledId = m.id;
-      } else if (event.message.id === stalledId) {
-        late.resolve(event.message);
-      }
-    },
-  });
-  const c = host.client;
-  await c.call("session.appendMessage", { sessionId: "s", message: message("a", "user", "first") });
-  // A host that answers nothing (stopped): the call's deadline passes, the client cancels.
-  process.kill(c.pid!, "SIGSTOP");
-  try {
-    const stalled = c.call(
-      "session.appendMessage",
-      { sessionId: "s", message: message("b", "user", "second") },
-      { deadlineMs: 300 },
+test(
+  "a deadline sends $/cancelRequest, and the call it gave up on does nothing",
+  TIMEOUT,
+  async () => {
+    const late = signal<Response>();
+    let stalledId: unknown;
+    const host = await ready({
+      trace: (event: TraceEvent) => {
+        if (event.direction === "send") {
+          const m = event.message;
+          if (m.method === "session.appendMessage" && m.params.message.id === "b") stalledId = m.id;
+        } else if (event.message.id === stalledId) {
+          late.resolve(event.message);
+        }
+      },
+    });
+    const c = host.client;
+    await c.call("session.appendMessage", {
+      sessionId: "s",
+      message: message("a", "user", "first"),
+    });
+    // A host that answers nothing (stopped): the call's deadline passes, the client cancels.
+    process.kill(c.pid!, "SIGSTOP");
+    try {
+      const stalled = c.call(
+        "session.appendMessage",
+        { sessionId: "s", message: message("b", "user", "second") },
+        { deadlineMs: 300 },
+      );
+      await assert.rejects(stalled, DeadlineExceeded);
+    } finally {
+      process.kill(c.pid!, "SIGCONT");
+    }
+    // The request and its cancel reach the host together: it is answered REQUEST_CANCELLED,
+    // which the client drops (its caller has moved on), and nothing was stored.
+    const answer = await late.promise;
+    assert.ok(
+      "error" in answer && answer.error.data.code === "REQUEST_CANCELLED",
+      JSON.stringify(answer),
     );
-    await assert.rejects(stalled, DeadlineExceeded);
-  } finally {
-    process.kill(c.pid!, "SIGCONT");
-  }
-  // The request and its cancel reach the host together: it is answered REQUEST_CANCELLED,
-  // which the client drops (its caller has moved on), and nothing was stored.
-  const answer = await late.promise;
-  assert.ok("error" in answer && answer.error.data.code === "REQUEST_CANCELLED", JSON.stringify(answer));
-  assert.deepEqual(await storedIds(host), ["a"]);
-  await finish(host);
-});
+    assert.deepEqual(await storedIds(host), ["a"]);
+    await finish(host);
+  },
+);
 
 test("an abort signal cancels a call waiting for its session's lock", TIMEOUT, async () => {
   const sent: string[] = [];
@@ -86,14 +103,20 @@ test("an abort signal cancels a call waiting for its session's lock", TIMEOUT, a
   });
   const c = host.client;
   const stop = new AbortController();
-  const first = c.call("session.appendMessage", { sessionId: "s", message: message("a", "user", "1") });
+  const first = c.call("session.appendMessage", {
+    sessionId: "s",
+    message: message("a", "user", "1"),
+  });
   const second = c.call(
     "session.appendMessage",
     { sessionId: "s", message: message("b", "user", "2") },
     { signal: stop.signal },
   );
   stop.abort(); // in the same turn: the call and its cancel leave in one write
-  const cancelled = assert.rejects(second, (e: unknown) => e instanceof RpcError && e.is("REQUEST_CANCELLED"));
+  const cancelled = assert.rejects(
+    second,
+    (e: unknown) => e instanceof RpcError && e.is("REQUEST_CANCELLED"),
+  );
   assert.deepEqual(await first, { line: 0, appended: true });
   await cancelled;
   assert.deepEqual(await storedIds(host), ["a"]);
@@ -125,41 +148,46 @@ test("an abort signal cancels a call waiting for its session's lock", TIMEOUT, a
   await finish(host);
 });
 
-test("a 64 MiB line is sent, one byte more is refused, and the connection lives on", TIMEOUT, async () => {
-  const unmatched = signal<Response | Buffer>();
-  const host = await ready({ onUnmatched: (m) => unmatched.resolve(m) });
-  const c = host.client;
-  const append = (content: string): Promise<unknown> =>
-    c.call("session.appendMessage", { sessionId: "s", message: message("big", "user", content) });
+test(
+  "a 64 MiB line is sent, one byte more is refused, and the connection lives on",
+  TIMEOUT,
+  async () => {
+    const unmatched = signal<Response | Buffer>();
+    const host = await ready({ onUnmatched: (m) => unmatched.resolve(m) });
+    const c = host.client;
+    const append = (content: string): Promise<unknown> =>
+      c.call("session.appendMessage", { sessionId: "s", message: message("big", "user", content) });
 
-  // Measure the line: the client refuses it before sending and says how long it is.
-  const probe = "x".repeat(MAX_LINE_BYTES);
-  const refused = await append(probe).then(
-    () => assert.fail("a line over 64 MiB was sent"),
-    (e: unknown) => e,
-  );
-  assert.ok(refused instanceof RequestTooLarge);
-  const exact = probe.slice(0, MAX_LINE_BYTES - (refused.bytes - MAX_LINE_BYTES));
-  assert.deepEqual(await append(exact), { line: 0, appended: true }); // exactly 64 MiB: stored
-  const over = await append(exact + "x").then(
-    () => assert.fail("a line of 64 MiB + 1 was sent"),
-    (e: unknown) => e,
-  );
-  assert.ok(over instanceof RequestTooLarge && over.bytes === MAX_LINE_BYTES + 1);
+    // Measure the line: the client refuses it before sending and says how long it is.
+    const probe = "x".repeat(MAX_LINE_BYTES);
+    const refused = await append(probe).then(
+      () => assert.fail("a line over 64 MiB was sent"),
+      (e: unknown) => e,
+    );
+    assert.ok(refused instanceof RequestTooLarge);
+    const exact = probe.slice(0, MAX_LINE_BYTES - (refused.bytes - MAX_LINE_BYTES));
+    assert.deepEqual(await append(exact), { line: 0, appended: true }); // exactly 64 MiB: stored
+    const over = await append(exact + "x").then(
+      () => assert.fail("a line of 64 MiB + 1 was sent"),
+      (e: unknown) => e,
+    );
+    assert.ok(over instanceof RequestTooLarge && over.bytes === MAX_LINE_BYTES + 1);
 
-  // The same line sent raw: the host reads it through and answers LIMIT_EXCEEDED, id null.
-  const head = '{"jsonrpc":"2.0","id":99,"method":"session.appendMessage","params":{"sessionId":"s","message":{"id":"raw","role":"user","content":"';
-  const tail = '"}}}';
-  const raw = head + "y".repeat(MAX_LINE_BYTES + 1 - head.length - tail.length) + tail;
-  assert.equal(Buffer.byteLength(raw), MAX_LINE_BYTES + 1);
-  c.writeLine(raw);
-  const answer = await unmatched.promise;
-  assert.ok(!Buffer.isBuffer(answer) && "error" in answer, String(answer));
-  assert.equal(answer.id, null);
-  assert.equal(answer.error.data.code, "LIMIT_EXCEEDED");
-  assert.deepEqual(await storedIds(host), ["big"]); // and the connection still works
-  await finish(host);
-});
+    // The same line sent raw: the host reads it through and answers LIMIT_EXCEEDED, id null.
+    const head =
+      '{"jsonrpc":"2.0","id":99,"method":"session.appendMessage","params":{"sessionId":"s","message":{"id":"raw","role":"user","content":"';
+    const tail = '"}}}';
+    const raw = head + "y".repeat(MAX_LINE_BYTES + 1 - head.length - tail.length) + tail;
+    assert.equal(Buffer.byteLength(raw), MAX_LINE_BYTES + 1);
+    c.writeLine(raw);
+    const answer = await unmatched.promise;
+    assert.ok(!Buffer.isBuffer(answer) && "error" in answer, String(answer));
+    assert.equal(answer.id, null);
+    assert.equal(answer.error.data.code, "LIMIT_EXCEEDED");
+    assert.deepEqual(await storedIds(host), ["big"]); // and the connection still works
+    await finish(host);
+  },
+);
 
 test("characters split across the host's chunks come back whole", TIMEOUT, async () => {
   const host = await ready();
@@ -168,7 +196,14 @@ test("characters split across the host's chunks come back whole", TIMEOUT, async
   const text = "a" + "é😀".repeat(200_000);
   await c.call("session.appendMessage", { sessionId: "s", message: message("m", "user", text) });
   const [stored] = (await c.call("session.get", { sessionId: "s" })).messages;
-  assert.equal(stored?.content, text);
+  const got = String(stored?.content);
+  if (got !== text) {
+    const want = [...text];
+    const at = [...got].findIndex((ch, i) => ch !== want[i]);
+    assert.fail(
+      `read back differs from character ${at}: ${JSON.stringify([...got].slice(at, at + 4))}`,
+    );
+  }
   await finish(host);
 });
 
@@ -186,9 +221,16 @@ test(
     const c = host.client;
     const cut = "Bonjour 😀".slice(0, -1); // what a stream cut mid-emoji leaves: "Bonjour \ud83d"
     assert.equal(JSON.stringify(cut), '"Bonjour \\ud83d"');
-    const appended = c.call("session.appendMessage", { sessionId: "s", message: message("m", "assistant", cut) });
+    const appended = c.call("session.appendMessage", {
+      sessionId: "s",
+      message: message("m", "assistant", cut),
+    });
     const first = await Promise.race([appended, unmatched.promise]);
-    assert.deepEqual(first, { line: 0, appended: true }, `the host answered ${JSON.stringify(first)}`);
+    assert.deepEqual(
+      first,
+      { line: 0, appended: true },
+      `the host answered ${JSON.stringify(first)}`,
+    );
     const [stored] = (await c.call("session.get", { sessionId: "s" })).messages;
     assert.equal(stored?.content, cut);
     const line = await readFile(join(host.dataDir, "sessions", "s.jsonl"), "utf8");
@@ -197,52 +239,76 @@ test(
   },
 );
 
-test("it reads while it writes: big answers and big requests cross, queued calls keep order", TIMEOUT, async () => {
-  const host = await ready();
-  const c = host.client;
-  const eight = "z".repeat(8 << 20);
-  await c.call("session.appendMessage", { sessionId: "s", message: message("m0", "user", eight) });
-  // An 8 MB answer comes back while an 8 MB request goes out, with 50 calls queued behind it.
-  const read = c.call("session.get", { sessionId: "s" });
-  const write = c.call("session.saveInflightMessage", {
-    sessionId: "s",
-    turnId: "t",
-    message: message("cp", "assistant", eight),
-  });
-  const small = Array.from({ length: 50 }, (_, i) =>
-    c.call("session.appendMessage", { sessionId: "s", message: message(`m${i + 1}`, "user", `${i}`) }),
-  );
-  assert.equal((await read).messages[0]?.content, eight);
-  assert.deepEqual(await write, { saved: true });
-  const lines = (await Promise.all(small)).map((r) => r.line);
-  assert.deepEqual(lines, Array.from({ length: 50 }, (_, i) => i + 1)); // applied in order
-  await finish(host);
-});
+test(
+  "it reads while it writes: big answers and big requests cross, queued calls keep order",
+  TIMEOUT,
+  async () => {
+    const host = await ready();
+    const c = host.client;
+    const eight = "z".repeat(8 << 20);
+    await c.call("session.appendMessage", {
+      sessionId: "s",
+      message: message("m0", "user", eight),
+    });
+    // An 8 MB answer comes back while an 8 MB request goes out, with 50 calls queued behind it.
+    const read = c.call("session.get", { sessionId: "s" });
+    const write = c.call("session.saveInflightMessage", {
+      sessionId: "s",
+      turnId: "t",
+      message: message("cp", "assistant", eight),
+    });
+    const small = Array.from({ length: 50 }, (_, i) =>
+      c.call("session.appendMessage", {
+        sessionId: "s",
+        message: message(`m${i + 1}`, "user", `${i}`),
+      }),
+    );
+    assert.equal((await read).messages[0]?.content, eight);
+    assert.deepEqual(await write, { saved: true });
+    const lines = (await Promise.all(small)).map((r) => r.line);
+    assert.deepEqual(
+      lines,
+      Array.from({ length: 50 }, (_, i) => i + 1),
+    ); // applied in order
+    await finish(host);
+  },
+);
 
-test("the host going away fails what waits and what comes after with HostGone", TIMEOUT, async () => {
-  const host = await ready();
-  const c = host.client;
-  assert.deepEqual(await c.call("host.shutdown"), { shuttingDown: true });
-  const gone = await c.gone;
-  assert.equal(gone.exitCode, 0);
-  const error = await c.call("session.list").catch((e: unknown) => e);
-  assert.ok(error instanceof HostGone && error === gone);
-  assert.deepEqual(host.violations, []);
-  await removeDir(host.dataDir);
+test(
+  "the host going away fails what waits and what comes after with HostGone",
+  TIMEOUT,
+  async () => {
+    const host = await ready();
+    const c = host.client;
+    assert.deepEqual(await c.call("host.shutdown"), { shuttingDown: true });
+    const gone = await c.gone;
+    assert.equal(gone.exitCode, 0);
+    const error = await c.call("session.list").catch((e: unknown) => e);
+    assert.ok(error instanceof HostGone && error === gone);
+    assert.deepEqual(host.violations, []);
+    await removeDir(host.dataDir);
 
-  const nowhere = HostClient.spawn({ dataDir: host.dataDir, python: join(host.dataDir, "no-python") });
-  await assert.rejects(nowhere.call("handshake", { protocolVersion: 11 }), (e: unknown) => {
-    return e instanceof HostGone && /could not be started/.test(e.message);
-  });
-});
+    const nowhere = HostClient.spawn({
+      dataDir: host.dataDir,
+      python: join(host.dataDir, "no-python"),
+    });
+    await assert.rejects(nowhere.call("handshake", { protocolVersion: 11 }), (e: unknown) => {
+      return e instanceof HostGone && /could not be started/.test(e.message);
+    });
+  },
+);
 
 test("connect to a host serving a Unix socket; two clients share it", TIMEOUT, async () => {
   const dir = await mkdtemp(join(tmpdir(), "hostcore-ts-"));
   const path = join(dir, "host.sock");
   const python = process.env["HOSTCORE_PYTHON"] ?? "python3";
-  const proc = spawn(python, ["-m", "host", "serve", "--data-dir", join(dir, "data"), "--socket", path], {
-    stdio: ["ignore", "ignore", "pipe"],
-  });
+  const proc = spawn(
+    python,
+    ["-m", "host", "serve", "--data-dir", join(dir, "data"), "--socket", path],
+    {
+      stdio: ["ignore", "ignore", "pipe"],
+    },
+  );
   let log = "";
   const listening = signal();
   proc.stderr.on("data", (chunk: Buffer) => {
@@ -258,7 +324,10 @@ test("connect to a host serving a Unix socket; two clients share it", TIMEOUT, a
     await connectSequence(two);
     await one.call("session.create", { sessionId: "shared" });
     const listed = await two.call("session.list");
-    assert.deepEqual(listed.sessions.map((s) => s.sessionId), ["shared"]);
+    assert.deepEqual(
+      listed.sessions.map((s) => s.sessionId),
+      ["shared"],
+    );
     await assert.rejects(
       one.call("session.get", { sessionId: "absent" }),
       (e: unknown) => e instanceof RpcError && e.is("NOT_FOUND") && e.data.kind === "session",
