@@ -25,6 +25,30 @@ async function generate(tool: string, args: string[]): Promise<string> {
   return stdout;
 }
 
+/** The part of Electron's API the README's example uses, as Electron declares it. */
+const ELECTRON = `
+declare module "electron" {
+  interface Event { preventDefault(): void }
+  export const app: {
+    readonly isPackaged: boolean;
+    getPath(name: "userData" | "appData" | "temp"): string;
+    on(event: "before-quit", listener: (event: Event) => void): void;
+    exit(exitCode?: number): void;
+    whenReady(): Promise<void>;
+  };
+}
+declare namespace NodeJS { interface Process { readonly resourcesPath: string } }
+`;
+
+/** The TypeScript block of README.md that follows the marker saying it is compiled here. */
+async function readmeExample(): Promise<string> {
+  const readme = await readFile(join(PACKAGE, "README.md"), "utf8");
+  const marker = readme.indexOf("<!-- The block below is compiled by test/schema.test.ts");
+  const block = /```ts\n([\s\S]*?)```/.exec(readme.slice(marker));
+  assert.ok(marker >= 0 && block?.[1], "README.md: the Electron example block is missing");
+  return block[1];
+}
+
 /** `file:line:code` of every line marked `// error TSnnnn` in the usage files. */
 async function expectedErrors(): Promise<string[]> {
   const out: string[] = [];
@@ -58,6 +82,8 @@ test(
       await writeFile(join(dir, "jstt.ts"), jstt);
       await writeFile(join(dir, "quicktype.ts"), quicktype);
       for (const file of USAGE) await copyFile(join(FIXTURES, file), join(dir, file));
+    await writeFile(join(dir, "readme-example.ts"), await readmeExample());
+    await writeFile(join(dir, "electron.d.ts"), ELECTRON);
       const config = {
         compilerOptions: {
           strict: true,
@@ -68,7 +94,8 @@ test(
           moduleResolution: "NodeNext",
           types: ["node"],
         },
-        files: ["jstt.ts", "quicktype.ts", ...USAGE], // client-usage.ts imports ../src/
+        // client-usage.ts imports ../src/; the README's example imports the package by name
+      files: ["jstt.ts", "quicktype.ts", ...USAGE, "readme-example.ts", "electron.d.ts"],
       };
       await writeFile(join(dir, "tsconfig.json"), JSON.stringify(config));
       const result = await run(join(BIN, "tsc"), ["-p", dir, "--pretty", "false"], {
