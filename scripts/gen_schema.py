@@ -435,6 +435,9 @@ def _methods_def() -> Schema:
 def build() -> Schema:
     """Return the schema document."""
     structs = _structs()
+    wire = {(n, f.encode_name) for n, c in structs.items() for f in msgspec.structs.fields(c)}
+    if stale := sorted(set(FIELD_TYPES) - wire):
+        raise ValueError(f"FIELD_TYPES names fields that are not on the wire: {stale}")
     _, components = msgspec.json.schema_components(
         list(structs.values()), ref_template="#/$defs/{name}"
     )
