@@ -51,6 +51,7 @@ lint: $(STAMP)
 test: lint
 	$(BIN)/python -m compileall -q host outbox scripts
 	$(BIN)/python -m pytest -q -n $(JOBS)
+	@$(MAKE) --no-print-directory ts-test
 
 run: $(STAMP)
 	$(BIN)/python -m outbox drive --data-dir $(DATA)
@@ -107,3 +108,27 @@ chaos: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+
+# The TypeScript part of `make test` (clients/typescript): the schema read by
+# json-schema-to-typescript and quicktype and compiled with tsc --strict, and the client's
+# tests against the real host. Its tools are pinned in clients/typescript/package-lock.json
+# and installed by `npm ci` (npm's cache in .cache/npm). Skipped, saying so, without node >= 20.
+TS := clients/typescript
+.PHONY: ts-test ts-run
+
+ts-test: $(STAMP)
+	@major=$$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0); \
+	if [ "$$major" -ge 20 ] && command -v npm >/dev/null; then \
+		$(MAKE) --no-print-directory ts-run; \
+	else \
+		echo "SKIPPED: the TypeScript schema and client tests (clients/typescript) need node >= 20" \
+			"and npm on the PATH; found node $$(node --version 2>/dev/null || echo none)."; \
+	fi
+
+$(TS)/node_modules/.installed: $(TS)/package-lock.json
+	cd $(TS) && npm ci --cache "$(CURDIR)/.cache/npm" --no-audit --no-fund --loglevel=error
+	touch $@
+
+ts-run: $(TS)/node_modules/.installed
+	cd $(TS) && npm run --silent build
+	cd $(TS) && HOSTCORE_PYTHON="$(CURDIR)/$(BIN)/python" npm test --silent

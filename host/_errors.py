@@ -24,9 +24,47 @@ from __future__ import annotations
 import errno
 import logging
 import sqlite3
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
+
+from msgspec import UNSET, Struct, UnsetType
 
 log = logging.getLogger("host")
+
+NotFoundKind = Literal["session", "message", "turn", "revision"]
+
+
+class ErrorData(Struct, rename="camel", omit_defaults=True, forbid_unknown_fields=True):
+    """Base of the members an error's ``data`` carries beside ``code`` (the schema's source)."""
+
+
+class ProtocolMismatchData(ErrorData):
+    expected: int
+    got: Any
+
+
+class LimitExceededData(ErrorData):
+    limit: int | UnsetType = UNSET
+
+
+class NotHandshakenData(ErrorData):
+    limit: float | UnsetType = UNSET  # at a socket connection's handshake deadline: seconds
+
+
+class NotFoundData(ErrorData):
+    kind: NotFoundKind
+
+
+class AgentBusyData(ErrorData):
+    turn_id: str
+
+
+class ConflictData(ErrorData):
+    message_id: str
+
+
+class StorageErrorData(ErrorData):
+    errno: str | UnsetType = UNSET
+    session_id: str | UnsetType = UNSET
 
 
 class HostError(Exception):
@@ -34,6 +72,8 @@ class HostError(Exception):
 
     code: ClassVar[int] = -32603
     name: ClassVar[str] = "INTERNAL"
+    data_type: ClassVar[type[ErrorData]] = ErrorData
+    """What ``data`` holds beside ``code`` (``scripts/gen_schema.py`` types it per code)."""
 
     def __init__(self, message: str, **data: Any) -> None:
         super().__init__(message)
@@ -83,12 +123,14 @@ class ProtocolMismatch(HostError):
     """Raised when a handshake names a protocol version other than the host's."""
 
     code, name = -32001, "PROTOCOL_MISMATCH"
+    data_type = ProtocolMismatchData
 
 
 class NotHandshaken(HostError):
     """Raised for any method but ``handshake`` before a good handshake on the connection."""
 
     code, name = -32002, "NOT_HANDSHAKEN"
+    data_type = NotHandshakenData
 
 
 class LimitExceeded(HostError):
@@ -97,14 +139,16 @@ class LimitExceeded(HostError):
     connections)."""
 
     code, name = -32003, "LIMIT_EXCEEDED"
+    data_type = LimitExceededData
 
 
 class NotFound(HostError):
     """Raised when a session, message, turn or revision is absent (``data.kind``)."""
 
     code, name = -32004, "NOT_FOUND"
+    data_type = NotFoundData
 
-    def __init__(self, kind: str, ident: str | int | None = None) -> None:
+    def __init__(self, kind: NotFoundKind, ident: str | int | None = None) -> None:
         what = kind if ident is None else f"{kind} {ident!r}"
         super().__init__(f"{what} not found", kind=kind)
 
@@ -113,18 +157,21 @@ class AgentBusy(HostError):
     """Raised when another turn of the session is running."""
 
     code, name = -32005, "AGENT_BUSY"
+    data_type = AgentBusyData
 
 
 class Conflict(HostError):
     """Raised when a call contradicts durable state (a display-capped row written back)."""
 
     code, name = -32006, "CONFLICT"
+    data_type = ConflictData
 
 
 class StorageError(HostError):
     """Raised when the disk fails (full, I/O error); nothing changed on disk."""
 
     code, name = -32007, "STORAGE_ERROR"
+    data_type = StorageErrorData
 
 
 class RequestCancelled(HostError):

@@ -1,0 +1,21 @@
+/** hostcore's TypeScript client: spawn or connect, typed calls, the connect sequence. */
+export {
+  DEFAULT_DEADLINE_MS,
+  DeadlineExceeded,
+  HostClient,
+  HostGone,
+  RequestTooLarge,
+  RpcError,
+  type CallOptions,
+  type ClientOptions,
+  type ErrorName,
+  type ErrorOf,
+  type MethodName,
+  type Params,
+  type Result,
+  type SpawnOptions,
+  type TraceEvent,
+} from "./client.js";
+export { connectSequence, type ConnectOptions, type Connected } from "./connect.js";
+export { LineSplitter } from "./framing.js";
+export * from "./protocol.js";
