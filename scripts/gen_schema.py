@@ -94,7 +94,6 @@ FIELD_TYPES: dict[tuple[str, str], Schema] = {
     ("RecoveredRow", "turnId"): {"anyOf": [ref("Id"), {"type": "null"}]},
     ("ProtocolMismatchData", "expected"): {"const": PROTOCOL_VERSION},
     ("ProtocolMismatchData", "got"): ANY_JSON,
-    ("LimitExceededData", "limit"): {"const": MAX_LINE},
     ("CancelParams", "id"): ref("RequestId"),
 }
 """Fields whose msgspec type is wider than what the host sends or accepts: the handshake's
