@@ -44,7 +44,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check host outbox tests scripts
 	$(BIN)/mypy --strict host outbox
 
-# pytest-xdist: two workers per CPU (tests/conftest.py; JOBS=1 for one process). The project's
+# pytest-xdist: one worker per CPU (JOBS=1 for one process, JOBS=4 for four). The project's
 # modules are byte-compiled first: where PYTHONDONTWRITEBYTECODE is set (some shells and
 # sandboxes set it) each of the hundreds of Python processes the suite starts (hosts,
 # mostly) would otherwise compile them again from source (~50 ms of CPU each).

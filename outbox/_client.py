@@ -116,10 +116,16 @@ class HostClient:
         reader, writer = await asyncio.open_unix_connection(socket_path, limit=1 << 26)
         return cls(reader, writer, None, deadline)
 
-    async def handshake(self) -> dict[str, Any]:
-        """Handshake with protocol version 11."""
+    async def handshake(self, *, timeout: float | None = None) -> dict[str, Any]:
+        """Handshake with protocol version 11.
+
+        The host answers once its start-up recovery is done, which on a big data dir (or a
+        busy machine) can outlast a call's deadline: ``timeout`` bounds this wait instead.
+        """
         result: dict[str, Any] = await self.call(
-            "handshake", {"protocolVersion": PROTOCOL_VERSION, "client": {"name": "outbox"}}
+            "handshake",
+            {"protocolVersion": PROTOCOL_VERSION, "client": {"name": "outbox"}},
+            timeout=timeout,
         )
         return result
 

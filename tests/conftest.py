@@ -19,7 +19,6 @@ import contextlib
 import functools
 import itertools
 import json
-import os
 import resource
 import signal
 import sqlite3
@@ -394,17 +393,6 @@ class HostProcess:
 
 StartHost = Callable[..., Awaitable[HostProcess]]
 _HOSTS = pytest.StashKey[list[HostProcess]]()
-
-
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto`` (``make test``): two pytest-xdist workers per CPU.
-
-    A test spends much of its time waiting: for the host it started to import and open
-    its data dir, for fsyncs, for a client's answer. With one worker per CPU a CPU sat
-    idle meanwhile: tests/e2e took 135 s with 2 workers and 115 s with 4 on this 2-CPU
-    machine, for 7% more CPU.
-    """
-    return 2 * (os.cpu_count() or 1)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -67,6 +67,7 @@ def request_lines(draw: st.DrawFn) -> bytes:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # 1,500 examples: ~4 s alone, far more on a loaded machine
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(line=request_lines())
 def test_what_the_shortcut_accepts_the_two_phase_decode_reads_the_same(line: bytes) -> None:

@@ -118,6 +118,7 @@ def lines(draw: st.DrawFn) -> bytes:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # 3,000 examples: ~8 s alone, over 60 s on a loaded machine
 @settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(line=lines())
 def test_what_the_split_reads_is_the_request_whenever_its_message_proves_json(

@@ -57,8 +57,7 @@ async def spawned(data_dir: Path, **kw: Any) -> AsyncIterator[HostClient]:
     """A real host spawned by :meth:`HostClient.spawn`, handshaken; killed if left running."""
     client = await HostClient.spawn(str(data_dir), log_path=str(data_dir) + ".log", **kw)
     try:
-        async with asyncio.timeout(WAIT):
-            await client.handshake()
+        await client.handshake(timeout=WAIT)  # a start, not a call: not the calls' deadline
         yield client
     finally:
         if not client.gone.is_set() and client.proc is not None:

@@ -123,10 +123,11 @@ async def test_a_backlog_of_big_rows_over_the_line_limit_still_drains(tmp_path: 
     async with Outbox.open(str(tmp_path / "app" / "outbox.jsonl")) as box:
         for i in range(70):  # 70 MB of tool output: more than one 64 MiB request line
             await box.enqueue("s", {"id": f"c{i}", "role": "tool", "content": big}, None)
-        async with spawned(tmp_path / "host", deadline=1.0) as client:
+        # A deadline, so that a batch the host could never answer fails in seconds, not 130 s.
+        async with spawned(tmp_path / "host", deadline=5.0) as client:
             await client.call("session.create", {"sessionId": "s"})
             box.attach(client)
-            await box.drain(5.0)
+            await box.drain(20.0)
             page = await client.call("session.get", {"sessionId": "s", "limit": 0})
             assert page["totalLines"] == 70  # (all 70 MB at once would be over the limit)
 
