@@ -145,18 +145,25 @@ async def test_without_json_a_person_gets_a_summary_table(tmp_path: Path) -> Non
     assert "outbox depth" in err.decode(), "the live view goes to stderr"
 
 
+async def streaming(data: Path) -> tuple[asyncio.subprocess.Process, list[dict[str, Any]]]:
+    """A long workload, once its replies are streaming (a checkpoint was saved)."""
+    proc = await drive(data, "--sessions", "3", "--turns", "30", "--reply-seconds", "3")
+    assert proc.stdout is not None
+    events: list[dict[str, Any]] = []
+    async with asyncio.timeout(WAIT):
+        while not any(e["event"] == "checkpoint" for e in events):
+            events.append(json.loads(await proc.stdout.readline()))
+    return proc, events
+
+
 # Found at 0a904eb: a quit stopped only the replies streaming at that moment; every session
 # then began its next turn and was cancelled in it, leaving turns running for the next start.
 async def test_a_quit_ends_every_turn_and_begins_no_new_one(
     tmp_path: Path, start_host: StartHost
 ) -> None:
     data = tmp_path / "data"
-    proc = await drive(data, "--sessions", "3", "--turns", "30", "--reply-seconds", "3")
-    assert proc.stdout is not None
-    events: list[dict[str, Any]] = []
+    proc, events = await streaming(data)
     async with asyncio.timeout(WAIT):
-        while not any(e["event"] == "checkpoint" for e in events):  # replies are streaming
-            events.append(json.loads(await proc.stdout.readline()))
         proc.send_signal(signal.SIGINT)
         out, err = await proc.communicate()
     assert proc.returncode == 0, err.decode()
@@ -183,12 +190,8 @@ async def test_a_signal_to_the_whole_group_quits_within_the_bound(
     start, nothing acknowledged lost.
     """
     data = tmp_path / "data"
-    proc = await drive(data, "--sessions", "3", "--turns", "30", "--reply-seconds", "3")
-    assert proc.stdout is not None
-    events: list[dict[str, Any]] = []
+    proc, events = await streaming(data)
     async with asyncio.timeout(WAIT):
-        while not any(e["event"] == "checkpoint" for e in events):  # replies are streaming
-            events.append(json.loads(await proc.stdout.readline()))
         loop = asyncio.get_running_loop()
         signalled = loop.time()
         os.killpg(proc.pid, sig)
