@@ -20,6 +20,7 @@ if it had never run.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Literal
 
@@ -29,6 +30,7 @@ from host._fs import FileSystem, open_regular
 from host._layout import Layout
 from host._transcript import iter_lines
 
+log = logging.getLogger("host.turnlog")
 TurnStatus = Literal["running", "completed", "aborted", "error", "void"]
 
 
@@ -112,7 +114,7 @@ class TurnLog:
         """The records from ``offset`` on, and the size of the whole lines read.
 
         A torn last line (no newline) is cut off: it was never answered. A line that is
-        not a record is skipped (logged by the caller through the count it did not get).
+        not a record (edited by hand) is logged and skipped; the file keeps its bytes.
         """
         try:
             fd = open_regular(self._path(session_id), os.O_RDWR)
@@ -129,8 +131,10 @@ class TurnLog:
                 end = off + len(raw) + 1
                 try:
                     records.append(_decode(raw))
-                except msgspec.DecodeError:
-                    continue
+                except msgspec.DecodeError as exc:
+                    log.error(
+                        "session %s: turn log byte %d is no turn change (%s)", session_id, off, exc
+                    )
             return records, end
         finally:
             os.close(fd)
