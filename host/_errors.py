@@ -59,7 +59,8 @@ class AgentBusyData(ErrorData):
 
 
 class ConflictData(ErrorData):
-    message_id: str
+    message_id: str | UnsetType = UNSET  # the message a write or a revision conflicts on
+    session_id: str | UnsetType = UNSET  # the session whose id differs only in case
 
 
 class StorageErrorData(ErrorData):
