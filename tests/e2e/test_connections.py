@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from scripts.pressure import connect_raw
 from tests.conftest import Client, StartHost, msg
 
 NOFILE = 128
@@ -23,16 +24,9 @@ NOFILE = 128
 
 async def _raw_connect(path: Path) -> socket.socket:
     """Connect, trying again while the host's listen backlog is full (EAGAIN)."""
-    for _ in range(2_000):
-        s = socket.socket(socket.AF_UNIX)
-        s.setblocking(False)
-        try:
-            s.connect(str(path))
-            return s
-        except BlockingIOError:
-            s.close()
-            await asyncio.sleep(0.005)  # the host is accepting: nothing to wait on but it
-    raise AssertionError("the host never accepted")
+    s = await connect_raw(path, bound=10.0)
+    assert s is not None, "the host never accepted"
+    return s
 
 
 def _said(s: socket.socket) -> tuple[list[Any], bool]:
