@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
 
 import msgspec
 from msgspec import Raw, Struct
@@ -60,10 +59,6 @@ class Checkpoints:
         self.present: set[str] = set(layout.sidecar_ids(".inflight.json"))
         self._known: dict[str, tuple[str, str]] = {}  # read or saved here: (turn, message)
 
-    def knows(self, session_id: str) -> bool:
-        """Whether :meth:`ids` needs no read: the session has no checkpoint, or it is known."""
-        return session_id not in self.present or session_id in self._known
-
     def ids(self, session_id: str) -> tuple[str, str] | None:
         """The (turn id, message id) of the session's checkpoint; ``ValueError`` when corrupt.
 
@@ -104,16 +99,8 @@ class Checkpoints:
         with open(self.layout.inflight(session_id), "rb") as f:
             return f.read()
 
-    def fill(
-        self,
-        session_id: str,
-        turn_id: str,
-        message: Raw,
-        ready: Callable[[], object] | None = None,
-    ) -> None:
+    def fill(self, session_id: str, turn_id: str, message: Raw) -> None:
         """Write the session's next checkpoint durably into its spare, not yet in place.
-
-        ``ready``: called just before the bytes are written (``FileSystem.fill_spare``).
 
         The file's bytes are the message's own, framed: no 1 MB copy to encode them.
         Nothing reads the spare, so a call that then decides not to :meth:`install` it
@@ -125,7 +112,7 @@ class Checkpoints:
             _ENC.encode(now_iso()),
         )
         spare = self.layout.inflight_spare(session_id)
-        self.fs.fill_spare(spare, [head, memoryview(message), b"}"], ready)
+        self.fs.fill_spare(spare, [head, memoryview(message), b"}"])
 
     def install(self, session_id: str, turn_id: str, message_id: str) -> None:
         """Swap the filled spare in as the session's checkpoint (atomic, folder fsynced)."""

@@ -1,18 +1,26 @@
 """The JSON-RPC 2.0 endpoint of one connection; it knows nothing of the transport.
 
-Each line is handled synchronously up to the point where its call's task is created, so
-tasks start (and queue on their session's lock) in the order lines arrived. A handshake
-is answered synchronously, so requests pipelined right behind it see it.
+One pipeline serves every request (docs/design.md, "One request pipeline"):
+
+1. :meth:`Connection.read` takes each line the reader hands on and decodes it: the
+   one-pass decode for a valid request, the two-phase one to name an invalid one's
+   error. A handshake, a cancel and an error are answered at once; a call is handed to
+   the service (:meth:`Service.submit`), which queues it on its session in arrival order.
+2. At the end of each read, :meth:`Connection.run_ready` starts the calls of that read in
+   order. Each runs at once, in the read callback, as far as it can: a call that finds
+   its session idle and needs nothing but the loop ends there (*inline*); one that must
+   wait (its session busy, a thread, the index) goes on as a task (*queued*).
+3. Its answer is written once it ends; answers written in one pass go out in one write.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Collection, Container, Hashable
+from collections.abc import Collection, Coroutine, Generator, Hashable
+from collections.abc import Coroutine as CoroutineABC
 from typing import Any, Protocol
 
 import msgspec
@@ -38,7 +46,7 @@ from host._limits import (
     READ_BUFFER,
     REQUEST_BYTES,
 )
-from host._locks import CURRENT_CALL, CallState
+from host._locks import CallState
 from host._surrogates import decode
 from host._wire import (
     CANCEL,
@@ -58,14 +66,22 @@ from host._wire import (
 )
 
 log = logging.getLogger("host.rpc")
-Handler = Callable[[Any], Awaitable[Struct]]
-Immediate = Callable[[Any], Struct | None]
-"""A method's call done at once, in the read callback, or ``None``: take the awaited way."""
 _RAW = msgspec.json.Decoder(Raw)
-SPLIT_MIN = 1 << 16
-"""A request line longer than this may have its message split off (:func:`_split`)."""
-_SPLIT_KEY = b'"message":'
-_SPLIT_HEAD = 4096  # the bytes ``"message":`` is looked for in: the ids' room, never a body
+
+
+class Service(Protocol):
+    """What a connection serves: the host's methods, behind its session queues."""
+
+    @property
+    def methods(self) -> Collection[str]:
+        """Every method but ``handshake`` and ``$/cancelRequest``."""
+
+    @property
+    def big_results(self) -> Collection[str]:
+        """Methods whose answer is not bounded by their request (reads): one at a time."""
+
+    def submit(self, method: str, params: Any, call: CallState) -> Coroutine[Any, Any, Struct]:
+        """Queue a decoded call, now (its place is its arrival), and return what runs it."""
 
 
 class Writer(Protocol):
@@ -104,6 +120,8 @@ class Stats:
         self.samples: dict[str, deque[float]] = {}
         self.paused = 0  # connections whose reading flow control has paused
         self.waiting = 0  # calls waiting for their client to read (the gate)
+        self.inline = 0  # calls that ended in the read callback that started them
+        self.queued = 0  # calls that had to wait, and went on as a task
 
     def record(self, method: str, seconds: float, ok: bool) -> None:
         self.calls[method] = self.calls.get(method, 0) + 1
@@ -133,45 +151,100 @@ def _result(rid: Any, result: Any) -> bytes:
     return ENCODER.encode({"jsonrpc": "2.0", "id": rid, "result": result})
 
 
+class _Call:
+    """One decoded call, from its line to its answer."""
+
+    __slots__ = ("body", "coro", "note", "reply", "rid", "size", "state", "tally")
+
+    def __init__(
+        self,
+        state: CallState,
+        coro: Coroutine[Any, Any, Struct],
+        rid: Any,
+        *,
+        note: bool,
+        reply: bool,
+        tally: _Tally | None,
+    ) -> None:
+        self.state = state
+        self.coro = coro
+        self.rid = rid
+        self.note = note  # a notification: never answered
+        self.reply = reply  # answered on its own line (else its batch's)
+        self.tally = tally
+        self.size = 0  # the bytes of its line, held until it ends
+        self.body: bytes | None = None  # its answer, once it ended
+
+
+class _Batch:
+    """A batch line: its elements' calls and answers, answered as one line."""
+
+    __slots__ = ("parts", "size")
+
+    def __init__(self, parts: list[_Call | bytes | None]) -> None:
+        self.parts = parts
+        self.size = 0
+
+
+class _Rest(CoroutineABC[Any, Any, Any]):
+    """The rest of a coroutine whose first step ran in a read callback, for a task.
+
+    Its first step hands the task what that step waits for; from then on it passes on
+    what the task sends or throws (a cancel before the task's first step included).
+    asyncio 3.11 has no eager tasks: this is the one piece of one.
+    """
+
+    __slots__ = ("coro", "first", "waiting")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], waiting: Any) -> None:
+        self.coro = coro
+        self.waiting = waiting
+        self.first = True
+
+    def send(self, value: Any) -> Any:
+        if self.first:
+            self.first = False
+            return self.waiting
+        return self.coro.send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        self.first = False
+        return self.coro.throw(typ if val is None else val)
+
+    def close(self) -> None:
+        self.coro.close()
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        raise TypeError("a task's coroutine, not to be awaited")
+
+
 class Connection:
     """One client's session with the host: handshake state, calls in flight, replies."""
 
     def __init__(
         self,
-        handlers: dict[str, Handler],
+        service: Service,
         stats: Stats,
         writer: Writer,
-        immediate: dict[str, Immediate] | None = None,
-        split: dict[str, Immediate] | None = None,
         *,
         budget: RequestBudget | None = None,
-        big_results: Collection[str] = (),
     ) -> None:
-        self.handlers = handlers
+        self.service = service
         self.stats = stats
         self.writer = writer
         self.budget = budget or RequestBudget(limit=1 << 62)
         """The host's request bytes: a long line's are held while its calls run."""
-        self.big_results = big_results
-        """Methods whose answer is not bounded by their request (reads): one at a time."""
         self.reader: Reading = _Unpaused()
         """What feeds this connection: paused while its bounds are reached (flow control)."""
-        self.immediate = immediate or {}
-        self.split = split or {}
-        """Calls done at once with their message split off their line (:func:`_split`):
-        the call proves it JSON, and gives ``None`` when it is not."""
-        self.more: Callable[[], bool] = _unknown
-        """Whether another line may be fed before a task made for this one would run (its
-        reader sets it: ``LineReader.more``); a call is done at once only when not, so a
-        backlog still forms groups and a line read behind still finds the call queued."""
         self.handshaken = False
         self.calls: dict[Hashable, CallState] = {}
         self.tasks: set[asyncio.Future[Any]] = set()
+        self._ready: deque[_Call | _Batch] = deque()  # read, not yet started
+        self._running = False  # in run_ready: answers wait for its one write
         self._out: list[bytes] = []  # reply lines not yet written
         self._flushing: asyncio.Handle | None = None
         self.closed = False
         self._held = 0  # request bytes of the lines whose calls are in flight
-        self._last: asyncio.Future[Any] | None = None  # the last task a line made
         self._gate: deque[tuple[asyncio.Future[None], bool]] = deque()  # calls waiting
         self._big = 0  # calls of big_results running (0 or 1)
         self._writer_paused = False  # the client leaves ANSWERS_WAITING bytes unread
@@ -180,26 +253,43 @@ class Connection:
     # -- input ----------------------------------------------------------------------
 
     def feed(self, line: Line) -> None:
-        """Handle one input line: answer it now, or start the tasks that will.
+        """Take one line and run what it asks (a reader's lines: :meth:`read`, then
+        :meth:`run_ready` once per read)."""
+        self.read(line)
+        self.run_ready()
 
-        Its bytes count as held until the last task it made is done (for a batch, the one
-        that answers it); a long line's are held in the host's budget too.
+    def read(self, line: Line) -> None:
+        """Take one line read: answer it now, or queue its calls for :meth:`run_ready`.
+
+        Its bytes count as held until its calls end (a batch's, until it is answered);
+        a long line's are held in the host's budget too.
         """
-        self._last = None
-        self._feed(line)
-        task, self._last = self._last, None
-        if task is not None and isinstance(line, bytes):
-            size = len(line)
-            self._held += size
-            if size > READ_BUFFER:
-                self.budget.hold(size)
-            task.add_done_callback(functools.partial(self._line_done, size))
-        self._flow()
+        job = self._job(line)
+        if job is None:
+            return
+        if isinstance(line, bytes):
+            job.size = len(line)
+            self._held += job.size
+            if job.size > READ_BUFFER:
+                self.budget.hold(job.size)
+        self._ready.append(job)
 
-    def _line_done(self, size: int, task: asyncio.Future[Any]) -> None:
-        self._held -= size
-        if size > READ_BUFFER:
-            self.budget.give(size)
+    def run_ready(self) -> None:
+        """Start the calls read so far, in arrival order: each runs at once as far as it
+        can (see the module's doc); their answers go out in one write."""
+        if self._running:
+            return  # re-entered (a resumed reader): the loop below takes the new ones
+        self._running = True
+        try:
+            while self._ready:
+                job = self._ready.popleft()
+                if isinstance(job, _Batch):
+                    self._run_batch(job)
+                else:
+                    self._start(job)
+        finally:
+            self._running = False
+            self._flush()
         self._flow()
 
     def _flow(self) -> None:
@@ -222,151 +312,121 @@ class Connection:
             self.stats.paused -= 1
             self.reader.resume()
 
-    def _feed(self, line: Line) -> None:
+    def _job(self, line: Line) -> _Call | _Batch | None:
+        """The call or batch a line asks for, or ``None`` when it was answered at once."""
         if line is TOO_LONG:
-            self._spawn_send(_error(None, LimitExceeded("request line over 64 MiB").to_object()))
-            return
+            self._write(_error(None, LimitExceeded("request line over 64 MiB").to_object()))
+            return None
         if isinstance(line, Refused):
             full = LimitExceeded(
                 f"the host holds {REQUEST_BYTES >> 20} MiB of long requests already: send"
                 " it again later",
                 limit=REQUEST_BYTES,
             )
-            self._spawn_send(_error(_head_id(line.head), full.to_object()))
-            return
+            self._write(_error(_head_id(line.head), full.to_object()))
+            return None
         assert isinstance(line, bytes)
         if not line or line.isspace():  # no copy of a 1 MB line, as strip() would make
-            return  # blank lines between messages are tolerated
+            return None  # blank lines between messages are tolerated
+        answer: _Call | _Batch | bytes | None
         try:
-            if not line.isascii():  # no copy for the usual case
-                line.decode("utf-8")  # msgspec does not check UTF-8 inside raw values
-        except UnicodeDecodeError as exc:
-            self._spawn_send(_parse_error(exc))
-            return
+            answer = self._decode_line(line)
+        except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as exc:
+            answer = _error(None, ParseError(f"parse error: {exc}").to_object())
+        except BatchTooLong as exc:
+            answer = _error(None, LimitExceeded(str(exc), limit=MAX_BATCH).to_object())
+        if isinstance(answer, bytes):
+            self._write(answer)
+            return None
+        return answer
+
+    def _decode_line(self, line: bytes) -> _Call | _Batch | bytes | None:
+        """A request, a batch, or the answer to a line that is neither (raises for one
+        that is not JSON: a parse error)."""
+        if not line.isascii():  # no copy for the usual case
+            line.decode("utf-8")  # msgspec does not check UTF-8 inside raw values
         first = line[:1]
         if first.isspace():  # rare: only then a copy
             first = line.lstrip()[:1]
-        try:
-            if first == b"[":
-                items = batch_items(line)
-                if not items:
-                    self._spawn_send(_error(None, InvalidRequest("empty batch").to_object()))
-                    return
-                tally = _Tally()
-                parts = [self._start(bytes(item), reply=False, tally=tally) for item in items]
-                self._spawn(self._finish_batch(parts))
-            elif first == b"{":
-                part = self._start(line, reply=True)  # malformed JSON raises DecodeError
-                if isinstance(part, bytes):
-                    self._spawn_send(part)
-            else:
-                decode(_RAW, line)  # JSON, but not a request: tell the two apart
-                err = InvalidRequest("a request must be a JSON object or a batch array")
-                self._spawn_send(_error(None, err.to_object()))
-        except (msgspec.DecodeError, RecursionError) as exc:  # not JSON, or nested too deep
-            self._spawn_send(_parse_error(exc))
-        except BatchTooLong as exc:
-            self._spawn_send(_error(None, LimitExceeded(str(exc), limit=MAX_BATCH).to_object()))
+        if first == b"[":
+            items = batch_items(line)
+            if not items:
+                return _error(None, InvalidRequest("empty batch").to_object())
+            tally = _Tally()
+            return _Batch([self._request(bytes(i), reply=False, tally=tally) for i in items])
+        if first == b"{":
+            return self._request(line, reply=True)
+        decode(_RAW, line)  # JSON, but not a request: tell the two apart
+        err = InvalidRequest("a request must be a JSON object or a batch array")
+        return _error(None, err.to_object())
 
-    def _start(
+    def _request(
         self, item: bytes, *, reply: bool, tally: _Tally | None = None
-    ) -> bytes | asyncio.Task[bytes | None] | None:
-        alone = reply and not self.tasks and not self.more()
-        if alone and self.handshaken and len(item) > SPLIT_MIN and self._split_now(item):
-            return None
-        if self.handshaken and (req := _one_pass(item)) is not None and req[0] in self.handlers:
-            method, params, rid = req
-            note = rid is UNSET
-            now = self.immediate.get(method)
-            if now and alone and not note and self._now(now, method, params, rid):
-                return None
-            return self._call(method, params, None if note else rid, reply, note, tally)
+    ) -> _Call | bytes | None:
+        """One request decoded: its call, or its answer (``None``: a notification's)."""
+        req = _one_pass(item) if self.handshaken else None
+        if req is None or req[0] not in self.service.methods:
+            two = self._two_phase(item)
+            if not isinstance(two, tuple):
+                return two
+            req = two
+        method, params, rid = req
+        note = rid is UNSET
+        state = CallState(method)
+        call = _Call(
+            state,
+            self.service.submit(method, params, state),
+            None if note else rid,
+            note=note,
+            reply=reply,
+            tally=tally,
+        )
+        if not note:
+            self.calls[_key(rid)] = state
+        return call
+
+    def _two_phase(self, item: bytes) -> tuple[str, Any, Any] | bytes | None:
+        """Decode the envelope, then the params: ``(method, params, id)`` of a call, or the
+        answer of anything else (an error, a handshake, a cancel; ``None``: unanswered)."""
         try:
-            env = decode(ENVELOPE, item)  # a DecodeError (not JSON) goes up to feed()
+            env = decode(ENVELOPE, item)  # a DecodeError (not JSON) goes up to read()
         except msgspec.ValidationError as exc:
-            decode(_RAW, item)  # a type error seen before a truncation is still not JSON
-            try:
-                rid = decode(ID_ONLY, item).id
-            except msgspec.MsgspecError:
-                rid = None
-            if not isinstance(rid, int | str) or isinstance(rid, bool):
-                rid = None
-            return _error(rid, InvalidRequest(f"invalid request: {exc}").to_object())
+            return _invalid(item, exc)
         note = env.id is UNSET
-        rid = None if env.id is UNSET else env.id
+        rid = None if note else env.id
         if env.jsonrpc != "2.0":
             return _error(rid, InvalidRequest('"jsonrpc" must be "2.0"').to_object())
         method = env.method
-        params_raw = b"{}" if env.params is UNSET else env.params  # decoded in place
         try:
-            if not self.handshaken and method != "handshake":
-                raise NotHandshaken(f"{method}: handshake first")
-            if method == "$/cancelRequest":
-                self._cancel(params_raw)
-                return None if note else _result(rid, None)
-            if method not in self.handlers and method != "handshake":
-                raise MethodNotFound(f"unknown method {method!r}")
-            try:
-                params = decode(DECODERS[method], params_raw)
-            except msgspec.ValidationError as exc:
-                if method == "handshake":
-                    _version_mismatch(params_raw)  # "11" or 11.0 is not exactly 11
-                raise InvalidParams(f"{method}: {exc}") from None
-            if method == "handshake":
-                result: Struct = self._handshake(params)
-                self.stats.record(method, 0.0, True)
-                return None if note else _result(rid, result)
+            result = self._control(method, b"{}" if env.params is UNSET else env.params)
         except HostError as exc:
-            known = method in self.handlers or method in ("handshake", "$/cancelRequest")
+            known = method in self.service.methods or method in _CONTROL
             self.stats.record(method if known else "(unknown method)", 0.0, False)
             return None if note else _error(rid, exc.to_object())
-        return self._call(method, params, rid, reply, note, tally)
+        if isinstance(result, tuple):
+            return method, result[0], env.id
+        return None if note else _result(rid, result)
 
-    def _call(
-        self, method: str, params: Any, rid: Any, reply: bool, note: bool, tally: _Tally | None
-    ) -> asyncio.Task[bytes | None]:
-        """Start the task that runs a decoded call of a known method."""
-        call = CallState(method)
-        task = asyncio.get_running_loop().create_task(
-            self._run(call, self.handlers[method], params, rid, note, reply, tally)
-        )
-        call.task = task
-        call.created()
-        self.tasks.add(task)
-        self._last = task
-        task.add_done_callback(functools.partial(self._ended, call))
-        if not note:
-            self.calls[_key(rid)] = call
-        return task
-
-    def _split_now(self, item: bytes) -> bool:
-        """Do a big request at once with its message split off (:func:`_split`).
-
-        ``False`` when the line is not of that shape, or the call cannot be done at once,
-        or its message proves not to be one JSON value: the line is then decoded whole and
-        answered as any other, and nothing has happened in between.
-        """
-        req = _split(item, self.split)
-        return req is not None and self._now(self.split[req[0]], *req)
-
-    def _now(self, now: Immediate, method: str, params: Any, rid: Any) -> bool:
-        """Do a call at once and answer it; ``False`` when it must take the awaited way.
-
-        Only with nothing of this connection in flight, so the answer goes out first in
-        line; its result is small (an append's or a save's), so it needs no 64 MiB check.
-        """
-        t0 = time.perf_counter()
+    def _control(self, method: str, params_raw: Raw | bytes) -> tuple[Any] | Struct | None:
+        """A handshake's or cancel's answer, or ``(params,)`` of a call to queue."""
+        if not self.handshaken and method != "handshake":
+            raise NotHandshaken(f"{method}: handshake first")
+        if method == "$/cancelRequest":
+            self._cancel(params_raw)
+            return None
+        if method not in self.service.methods and method != "handshake":
+            raise MethodNotFound(f"unknown method {method!r}")
         try:
-            result = now(params)
-            if result is None:
-                return False
-            body, ok = _result(rid, result), True
-        except Exception as exc:
-            body, ok = _error(rid, to_error_object(exc, method)), False
-        self._out += (body, b"\n")
-        self._flush()
-        self.stats.record(method, time.perf_counter() - t0, ok)  # after: the client waits
-        return True
+            params = decode(DECODERS[method], params_raw)
+        except msgspec.ValidationError as exc:
+            if method == "handshake":
+                _version_mismatch(params_raw)  # "11" or 11.0 is not exactly 11
+            raise InvalidParams(f"{method}: {exc}") from None
+        if method != "handshake":
+            return (params,)
+        result = self._handshake(params)
+        self.stats.record(method, 0.0, True)
+        return result
 
     def _handshake(self, p: HandshakeParams) -> HandshakeResult:
         if p.protocol_version != PROTOCOL_VERSION:
@@ -375,7 +435,7 @@ class Connection:
         return HandshakeResult(
             protocol_version=PROTOCOL_VERSION,
             host_version=__version__,
-            methods=sorted({*self.handlers, "handshake", "$/cancelRequest"}),
+            methods=sorted({*self.service.methods, *_CONTROL}),
         )
 
     def _cancel(self, params_raw: Raw | bytes) -> None:
@@ -386,85 +446,126 @@ class Connection:
         call = self.calls.get(_key(rid))
         if call is None or call.started:
             return  # unknown, finished, or started: a started write finishes atomically
-        call.cancel_requested = True
-        if call.running and call.task is not None:
-            call.task.cancel("$/cancelRequest")  # waiting for its lock: wake it to answer
-        # a task that has not taken its first step sees cancel_requested when it does
+        call.cancel_requested = True  # removed from its queue when it is reached
+        if call.task is not None:
+            call.task.cancel("$/cancelRequest")  # waiting in its queue: wake it to answer
 
     # -- calls ----------------------------------------------------------------------
 
-    async def _run(
-        self,
-        call: CallState,
-        handler: Handler,
-        params: Any,
-        rid: Any,
-        note: bool,
-        reply: bool,
-        tally: _Tally | None,
-    ) -> bytes | None:
-        """Run one call once the gate lets it start; send its answer when ``reply`` (else
-        a batch collects it)."""
-        CURRENT_CALL.set(call)
-        call.ran()
-        call.running = True
-        big = call.method in self.big_results
+    def _start(self, call: _Call) -> None:
+        """Run a call's first step now; it ends here (inline) or goes on as a task."""
+        coro = self._run(call)
+        try:
+            waiting = coro.send(None)
+        except StopIteration:
+            self.stats.inline += 1
+            self._job_done(call)
+            return
+        self.stats.queued += 1
+        task = asyncio.get_running_loop().create_task(_Rest(coro, waiting))
+        call.state.task = task
+        self.tasks.add(task)
+        task.add_done_callback(lambda t: self._task_done(t, call))
+
+    def _task_done(self, task: asyncio.Future[Any], call: _Call | _Batch) -> None:
+        if isinstance(call, _Call):
+            call.state.task = None  # no cycle left for the GC
+        self.tasks.discard(task)
+        self._job_done(call)
+
+    def _job_done(self, job: _Call | _Batch) -> None:
+        self._held -= job.size
+        if job.size > READ_BUFFER:
+            self.budget.give(job.size)
+        if not self._running:
+            self._flow()
+
+    async def _run(self, call: _Call) -> None:
+        """Run one call once the gate lets it start; send its answer when it has a line of
+        its own (else its batch collects it)."""
+        state = call.state
+        state.running = True
+        big = state.method in self.service.big_results
         admitted = False
         t0 = time.perf_counter()
         ok = False
         try:
             try:
-                if call.cancel_requested:
+                if state.cancel_requested:
                     raise asyncio.CancelledError("$/cancelRequest")
                 await self._admit(big)
                 admitted = True
                 t0 = time.perf_counter()
-                body, ok = await self._answer(call.method, handler, params, rid, tally, big)
+                body, ok = await self._answer(call, big)
             except asyncio.CancelledError:
-                if not (call.cancel_requested and not call.started):
+                if not (state.cancel_requested and not state.started):
                     raise
-                task = asyncio.current_task()
-                if task is not None:
+                if (task := asyncio.current_task()) is not None and task is state.task:
                     task.uncancel()
-                body = _error(rid, RequestCancelled("cancelled before it started").to_object())
+                body = _error(call.rid, RequestCancelled("cancelled before it started").to_object())
             finally:
-                self.stats.record(call.method, time.perf_counter() - t0, ok)
-                if not note and self.calls.get(_key(rid)) is call:
-                    del self.calls[_key(rid)]
-            if note:
-                return None
-            if reply:
-                self._write(body)
+                call.coro.close()  # one cancelled before it ran never runs
+                state.end()  # its places in the session queues are given up
+                self.stats.record(state.method, time.perf_counter() - t0, ok)
+                if not call.note and self.calls.get(_key(call.rid)) is state:
+                    del self.calls[_key(call.rid)]
+            if not call.note:
+                call.body = body
+                if call.reply:
+                    self._write(body)
         finally:
             if admitted and big:  # its answer is with the writer (or its batch): the next
                 self._big -= 1
                 self._open_gate()
-        if reply:
+        if call.reply:
             await self._drain()
-        return body
 
-    async def _answer(
-        self, method: str, handler: Handler, params: Any, rid: Any, tally: _Tally | None, big: bool
-    ) -> tuple[bytes, bool]:
-        """Run the handler; return its answer line (an error's too) and whether it is a result.
+    async def _answer(self, call: _Call, big: bool) -> tuple[bytes, bool]:
+        """Run the call; return its answer line (an error's too) and whether it is a result.
 
         A read in a batch whose answers already pass 64 MiB does not run: the batch answer
         could not hold it, and holding it would take the connection past any bound.
         """
+        rid, tally = call.rid, call.tally
         try:
             if tally is not None and big and tally.bytes > MAX_LINE:
                 raise LimitExceeded("batch response over 64 MiB: send these calls on their own")
-            body = _result(rid, await handler(params))
+            body = _result(rid, await call.coro)
             if len(body) > MAX_LINE:
                 err = LimitExceeded("result over 64 MiB: page with limit/beforeLine")
                 body, ok = _error(rid, err.to_object()), False
             else:
                 ok = True
         except Exception as exc:
-            body, ok = _error(rid, to_error_object(exc, method)), False
+            body, ok = _error(rid, to_error_object(exc, call.state.method)), False
         if tally is not None:
             tally.bytes += len(body)
         return body, ok
+
+    def _run_batch(self, batch: _Batch) -> None:
+        """Start a batch's calls in order; answer it once the last one ends."""
+        calls = [p for p in batch.parts if isinstance(p, _Call)]
+        for call in calls:
+            self._start(call)
+        pending = [c.state.task for c in calls if c.state.task is not None]
+        if not pending:
+            self._answer_batch(batch)
+            self._job_done(batch)
+            return
+        task = asyncio.get_running_loop().create_task(self._finish_batch(batch, pending))
+        self.tasks.add(task)
+        task.add_done_callback(lambda t: self._task_done(t, batch))
+
+    async def _finish_batch(self, batch: _Batch, pending: list[asyncio.Task[object]]) -> None:
+        await asyncio.gather(*pending, return_exceptions=True)
+        self._answer_batch(batch)
+        await self._drain()
+
+    def _answer_batch(self, batch: _Batch) -> None:
+        out = [p.body if isinstance(p, _Call) else p for p in batch.parts]
+        bodies = [b for b in out if b is not None]
+        if bodies:
+            self._write(_fit_batch(bodies))
 
     # -- flow control ---------------------------------------------------------------
 
@@ -531,32 +632,19 @@ class Connection:
         self._open_gate()
         asyncio.get_running_loop().call_soon(self._flow)
 
-    async def _finish_batch(self, parts: list[bytes | asyncio.Task[bytes | None] | None]) -> None:
-        out: list[bytes] = []
-        for part in parts:
-            body = await part if isinstance(part, asyncio.Task) else part
-            if body is not None:
-                out.append(body)
-        if out:
-            await self.send(_fit_batch(out))
-
     # -- output ---------------------------------------------------------------------
 
     def error_now(self, error: dict[str, Any]) -> None:
         """Write an error object that answers no request (``id: null``), now."""
         self._write(_error(None, error))
 
-    async def send(self, body: bytes) -> None:
-        """Send one reply line, whole (lines never interleave), then drain."""
-        self._write(body)
-        await self._drain()
-
     def _write(self, body: bytes) -> None:
         """Queue one reply line for the writer.
 
-        With other calls in flight, replies queued in one pass of the loop go out in one
-        ``write`` at its end (a backlog's answers cost one system call, not one each); a
-        long one goes at once, so the writer knows of it before another call starts.
+        The replies of one read's calls go out in one ``write`` once they are started;
+        with other calls in flight, those of one pass of the loop at its end (a backlog's
+        answers cost one system call, not one each). A long one goes at once, so the
+        writer knows of it before another call starts.
         """
         if self.closed:
             return
@@ -566,7 +654,7 @@ class Connection:
             self._flush(join=False)
             return
         self._out += (body, b"\n")
-        if self._flushing is None:
+        if self._flushing is None and not self._running:  # run_ready writes at its end
             if len(self.tasks) <= 1:
                 self._flush()
             else:
@@ -596,27 +684,6 @@ class Connection:
             log.info("client went away before a reply could be sent: %s", exc)
             self.writer_gone()
 
-    def _ended(self, call: CallState, task: asyncio.Future[Any]) -> None:
-        call.ran()
-        call.task = None  # the task's context holds the call: no cycle left for the GC
-        self._discard(task)
-
-    def _discard(self, task: asyncio.Future[Any]) -> None:
-        self.tasks.discard(task)
-        if self._pausing:
-            self._flow()
-
-    def _spawn_send(self, body: bytes) -> None:
-        self._spawn(self.send(body))
-
-    def _spawn(self, coro: Awaitable[None]) -> None:
-        self._track(asyncio.ensure_future(coro))
-
-    def _track(self, task: asyncio.Future[Any]) -> None:
-        self.tasks.add(task)
-        self._last = task
-        task.add_done_callback(self._discard)
-
     async def finish(self) -> None:
         """Wait for every call in flight and every reply to be written."""
         while self.tasks:
@@ -625,6 +692,21 @@ class Connection:
         if self._pausing:  # the connection is done: it no longer counts as paused
             self._pausing = False
             self.stats.paused -= 1
+
+
+_CONTROL = ("handshake", "$/cancelRequest")
+
+
+def _invalid(item: bytes, exc: msgspec.ValidationError) -> bytes:
+    """The answer to JSON that is no request (raises ``DecodeError`` if it is no JSON)."""
+    decode(_RAW, item)  # a type error seen before a truncation is still not JSON
+    try:
+        rid = decode(ID_ONLY, item).id
+    except msgspec.MsgspecError:
+        rid = None
+    if not isinstance(rid, int | str) or isinstance(rid, bool):
+        rid = None
+    return _error(rid, InvalidRequest(f"invalid request: {exc}").to_object())
 
 
 class _Tally:
@@ -678,40 +760,6 @@ def _one_pass(item: bytes) -> tuple[str, Struct, Any] | None:
     return REQUEST_TYPES[type(req)], req.params, req.id
 
 
-def _split(item: bytes, methods: Container[str]) -> tuple[str, Struct, Any] | None:
-    """``(method, params, id)`` of a big request decoded but for its ``message``, else ``None``.
-
-    The line must be a request (with an id) of one of ``methods``, ending with its
-    message, an object, and the braces that close the params and the request, with no
-    space between (the bytes are then the ones the message's ``Raw`` would hold, no more).
-    The rest of it, with ``null`` in the message's place, is decoded as usual; the message
-    becomes a ``Raw`` view of its bytes, not yet proved JSON: the call proves it on a
-    thread while it writes it, so a 1 MB snapshot is scanned once, beside its write,
-    instead of once before it.
-
-    Exact: the head holds no backslash and ``"message"`` just once, so whatever a decoder
-    does with a repeated or escaped key, the key found is the params' only ``message``,
-    and ``null`` decoding there proves it is one. The line is then this request exactly
-    when the bytes are one JSON value (``tests/host/test_split.py``).
-    """
-    if not item.endswith(b"}}}"):
-        return None
-    at = item.find(_SPLIT_KEY, 0, _SPLIT_HEAD)
-    start = at + len(_SPLIT_KEY)
-    if at < 0 or item[start : start + 1] != b"{":
-        return None
-    head = item[:start]
-    if b"\\" in head or head.count(b'"message"') != 1:
-        return None
-    req = _one_pass(head + b"null}}")
-    if req is None or req[0] not in methods or req[2] is UNSET:
-        return None
-    method, params, rid = req
-    if bytes(params.message) != b"null":  # type: ignore[attr-defined]
-        return None
-    return method, msgspec.structs.replace(params, message=Raw(memoryview(item)[start:-2])), rid
-
-
 def _fit_batch(out: list[bytes]) -> bytes:
     """The batch answer holding ``out``, within 64 MiB.
 
@@ -735,10 +783,6 @@ def _fit_batch(out: list[bytes]) -> bytes:
     return b"[" + b",".join(out) + b"]"
 
 
-def _parse_error(exc: BaseException) -> bytes:
-    return _error(None, ParseError(f"parse error: {exc}").to_object())
-
-
 def _version_mismatch(params_raw: Raw | bytes) -> None:
     """Raise ``ProtocolMismatch`` when a handshake names a version of the wrong type."""
     try:
@@ -753,10 +797,6 @@ def _mismatch(got: Any) -> ProtocolMismatch:
     return ProtocolMismatch(
         f"protocol version {got!r} is not {PROTOCOL_VERSION}", expected=PROTOCOL_VERSION, got=got
     )
-
-
-def _unknown() -> bool:
-    return True  # fed by hand, not by a reader: lines may follow
 
 
 def _key(rid: Any) -> Hashable:

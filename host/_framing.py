@@ -69,6 +69,10 @@ def _drop(line: Line) -> None:
     pass
 
 
+def _nothing() -> None:
+    pass
+
+
 class RequestBudget:
     """The request bytes of long lines the host holds for every connection together.
 
@@ -138,7 +142,8 @@ class LineReader(asyncio.BufferedProtocol):
         self._end = 0  # how far the buffer is filled
         self._scanned = 0  # bytes before this hold no newline of the current line
         self._dropped: _TooLong | Refused | None = None  # reading through a dropped line
-        self._more = False  # while ``on_line`` runs: another line may be fed first (more())
+        self.on_read_end: Callable[[], None] = _nothing
+        """Called once the lines of a read are handed on (the consumer starts them then)."""
         self._paused = False  # by the consumer: read nothing, hand on nothing
         self._waiting: deque[Line] = deque()  # read while paused
         self._input_over: bool | None = None  # end of input (True) or a lost transport
@@ -204,16 +209,13 @@ class LineReader(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         """Hand on every line the ``nbytes`` just read complete."""
-        # A read that filled its room may have left more in the kernel, which uvloop reads
-        # in the same pass, before any task runs: as if it were already here (``more``).
-        self._lines(nbytes, self._end + nbytes == len(self._buf))
+        self._lines(nbytes)
 
-    def _lines(self, nbytes: int, full: bool) -> None:
+    def _lines(self, nbytes: int) -> None:
         self._end += nbytes
         buf = self._buf
         nl = buf.find(b"\n", self._scanned, self._end)
         while nl >= 0:
-            following = buf.find(b"\n", nl + 1, self._end)
             line: Line
             if self._dropped is not None:
                 line, self._dropped = self._dropped, None
@@ -223,9 +225,8 @@ class LineReader(asyncio.BufferedProtocol):
                 with memoryview(buf) as view:
                     line = bytes(view[self._start : nl])
             self._start = self._scanned = nl + 1
-            self._hand_on(line, following >= 0 or full)
-            nl = following
-        self._more = False
+            self._hand_on(line)
+            nl = buf.find(b"\n", self._start, self._end)
         if self._start == self._end:  # nothing pending: start again at the front
             self._start = self._end = self._scanned = 0
             if len(buf) > KEEP:  # let a huge line's buffer go
@@ -236,29 +237,24 @@ class LineReader(asyncio.BufferedProtocol):
             self._start = self._end = self._scanned = 0
         else:
             self._scanned = self._end
+        self.on_read_end()
 
-    def _hand_on(self, line: Line, more: bool) -> None:
+    def _hand_on(self, line: Line) -> None:
         if self._paused or self._waiting:
             self._waiting.append(line)
-            return
-        self._more = more
-        self.on_line(line)
-
-    def more(self) -> bool:
-        """Whether another line may be fed before a task created for the one ``on_line`` is
-        handling runs: a whole one was read behind it, or the read filled its room."""
-        return self._more or bool(self._waiting)
+        else:
+            self.on_line(line)
 
     def data_received(self, data: bytes) -> None:
         """Take bytes from a transport that does not read into ``get_buffer`` (or a thread
-        reading a file, whose full chunk may have another queued behind it)."""
+        reading a file)."""
         view = memoryview(data)
         while view:
             with self.get_buffer(len(view)) as room:
                 n = min(len(room), len(view))
                 room[:n] = view[:n]
             view = view[n:]
-            self._lines(n, len(data) >= CHUNK or bool(view))
+            self._lines(n)
 
     def pause(self) -> None:
         """Read nothing more, and hold back the lines already read, until :meth:`resume`."""
@@ -272,10 +268,8 @@ class LineReader(asyncio.BufferedProtocol):
             return
         self._paused = False
         while self._waiting and not self._paused:
-            line = self._waiting.popleft()
-            self._more = bool(self._waiting)
-            self.on_line(line)
-        self._more = False
+            self.on_line(self._waiting.popleft())
+        self.on_read_end()
         if self._paused:
             return
         if self._input_over is not None:
@@ -308,6 +302,7 @@ class LineReader(asyncio.BufferedProtocol):
             elif self._end > self._start:
                 with memoryview(self._buf) as view:
                     self.on_line(bytes(view[self._start : self._end]))
+            self.on_read_end()
         self._start = self._end = self._scanned = 0
         self.let_go()
         self.ended.set()
@@ -315,6 +310,7 @@ class LineReader(asyncio.BufferedProtocol):
     def stop(self) -> None:
         """Read no more: what arrives from now on, or was held back, is dropped (shutdown)."""
         self.on_line = _drop
+        self.on_read_end = _nothing
         self._stopped = True
         self._waiting.clear()
         self._start = self._end = self._scanned = 0

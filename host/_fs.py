@@ -13,7 +13,7 @@ import errno
 import fcntl
 import os
 import stat
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TypeAlias
 
 Buffer: TypeAlias = bytes | memoryview
@@ -228,16 +228,13 @@ class FileSystem:
         self.fill_spare(spare, [data])
         self.swap_in(path, spare)
 
-    def fill_spare(
-        self, spare: str, parts: Sequence[Buffer], ready: Callable[[], object] | None = None
-    ) -> None:
+    def fill_spare(self, spare: str, parts: Sequence[Buffer]) -> None:
         """Make ``spare`` hold the bytes of ``parts`` and only those, durably, in place.
 
         The first half of :meth:`write_swap`: until :meth:`swap_in` the spare is never
         read, so a caller may still decide not to finish. A file a reader holds (``host
         inspect`` takes a shared lock) keeps its bytes and a new file takes the name.
-        Removed on a failure. ``ready`` is called just before the bytes are written, after
-        the last system call that would let a thread take the GIL first.
+        Removed on a failure.
         """
         fd = self.open(spare, os.O_WRONLY | os.O_CREAT)
         if not _lock(fd):
@@ -247,8 +244,6 @@ class FileSystem:
         try:
             size = sum(memoryview(p).nbytes for p in parts)
             longer = os.fstat(fd).st_size > size
-            if ready is not None:
-                ready()
             if longer:  # a shorter file: its cut must be durable too
                 self.write_all(fd, b"".join(parts))
                 self.ftruncate(fd, size)

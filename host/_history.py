@@ -156,127 +156,123 @@ class HistoryMethods:
     async def save_revision(self, p: SaveRevisionParams) -> SaveRevisionResult:
         msgs = parse_all(p.messages)
         sid = p.session_id
-        async with self.store.locks.hold(sid):
-            s = await self.store.open_session(sid)
-            await self._root(s, p.root_id)
-            lines = [m.stored_line(turn_id=m.turn_id, pager={}) for m in msgs]
+        s = await self.store.open_session(sid)
+        await self._root(s, p.root_id)
+        lines = [m.stored_line(turn_id=m.turn_id, pager={}) for m in msgs]
 
-            def write() -> int:
-                self.intents.settle(sid)  # a leftover's replay would drop this revision
-                revs = self.archive.load(sid, p.root_id)
-                name = self.archive.write_payload(sid, p.root_id, len(revs), lines)
-                revs.append(Revision(len(revs), name, len(lines), now_iso()))
-                self.archive.commit(sid, p.root_id, revs)
-                self.archive.prune(sid, p.root_id)
-                return len(revs)
+        def write() -> int:
+            self.intents.settle(sid)  # a leftover's replay would drop this revision
+            revs = self.archive.load(sid, p.root_id)
+            name = self.archive.write_payload(sid, p.root_id, len(revs), lines)
+            revs.append(Revision(len(revs), name, len(lines), now_iso()))
+            self.archive.commit(sid, p.root_id, revs)
+            self.archive.prune(sid, p.root_id)
+            return len(revs)
 
-            count = await asyncio.to_thread(write)
-            return SaveRevisionResult(revision=count - 1, revision_count=count)
+        count = await asyncio.to_thread(write)
+        return SaveRevisionResult(revision=count - 1, revision_count=count)
 
     async def list_revisions(self, p: ListRevisionsParams) -> ListRevisionsResult:
         sid = p.session_id
-        async with self.store.locks.hold(sid):
-            s = await self.store.open_session(sid)
-            _, msg = await self._root(s, p.root_id)
-            count, active = _stamp_of(msg)
-            revs = self.archive.load(sid, p.root_id)
-            infos = []
-            for r in revs:
-                info = RevisionInfo(
-                    revision=r.revision, message_count=r.messageCount, created_at=r.createdAt
-                )
-                if p.include_messages:
-                    lines = await self.archive.read_async(sid, p.root_id, r)
-                    info.messages = [Raw(x) for x in lines]
-                infos.append(info)
-            return ListRevisionsResult(
-                root_id=p.root_id, revision_count=count, active_revision=active, revisions=infos
+        s = await self.store.open_session(sid)
+        _, msg = await self._root(s, p.root_id)
+        count, active = _stamp_of(msg)
+        revs = self.archive.load(sid, p.root_id)
+        infos = []
+        for r in revs:
+            info = RevisionInfo(
+                revision=r.revision, message_count=r.messageCount, created_at=r.createdAt
             )
+            if p.include_messages:
+                lines = await self.archive.read_async(sid, p.root_id, r)
+                info.messages = [Raw(x) for x in lines]
+            infos.append(info)
+        return ListRevisionsResult(
+            root_id=p.root_id, revision_count=count, active_revision=active, revisions=infos
+        )
 
     async def save_active_revision(self, p: SaveActiveParams) -> SaveActiveResult:
         sid = p.session_id
-        async with self.store.locks.hold(sid):
-            s = await self.store.open_session(sid)
-            if isinstance(p.root_id, str):
-                root, msg = await self._root(s, p.root_id)
-            else:
-                last = await self.store.index.last_user(sid)
-                if last is None:
-                    raise NotFound("message", "last user message")
-                root, msg = await self._root(s, last.message_id)
-            root_id = root.message_id
-            count, active = _stamp_of(msg)
-            branch = await self._branch(s, root)
-            await self._at("branch-read")
-            if not branch:
-                return SaveActiveResult(
-                    root_id=root_id,
-                    revision_count=count,
-                    active_revision=active,
-                    archived=0,
-                    stamped=False,
-                )
-            lines = await self.store.read_rows(s, branch)
-            old = self.archive.load(sid, root_id)
-            revs, slot = await asyncio.to_thread(self._plan, sid, root_id, active, lines)
-            pager = _pager(root_id, len(revs), slot)
-            stamped = pager != msg.pager()
-            intent = Intent(
-                sid,
-                archive=ArchiveStep(root_id, [_rev(r) for r in revs]),
-                stamp=StampStep(root_id, pager) if stamped else UNSET,
-            )
-
-            async def stamp() -> None:
-                if stamped:
-                    await self._stamp(s, root, msg, pager, None)
-
-            await self._carry_out(s, intent, old, stamp)
+        s = await self.store.open_session(sid)
+        if isinstance(p.root_id, str):
+            root, msg = await self._root(s, p.root_id)
+        else:
+            last = await self.store.index.last_user(sid)
+            if last is None:
+                raise NotFound("message", "last user message")
+            root, msg = await self._root(s, last.message_id)
+        root_id = root.message_id
+        count, active = _stamp_of(msg)
+        branch = await self._branch(s, root)
+        await self._at("branch-read")
+        if not branch:
             return SaveActiveResult(
                 root_id=root_id,
-                revision_count=len(revs),
-                active_revision=slot,
-                archived=len(lines),
-                stamped=stamped,
+                revision_count=count,
+                active_revision=active,
+                archived=0,
+                stamped=False,
             )
+        lines = await self.store.read_rows(s, branch)
+        old = self.archive.load(sid, root_id)
+        revs, slot = await asyncio.to_thread(self._plan, sid, root_id, active, lines)
+        pager = _pager(root_id, len(revs), slot)
+        stamped = pager != msg.pager()
+        intent = Intent(
+            sid,
+            archive=ArchiveStep(root_id, [_rev(r) for r in revs]),
+            stamp=StampStep(root_id, pager) if stamped else UNSET,
+        )
+
+        async def stamp() -> None:
+            if stamped:
+                await self._stamp(s, root, msg, pager, None)
+
+        await self._carry_out(s, intent, old, stamp)
+        return SaveActiveResult(
+            root_id=root_id,
+            revision_count=len(revs),
+            active_revision=slot,
+            archived=len(lines),
+            stamped=stamped,
+        )
 
     async def activate_revision(self, p: ActivateParams) -> ActivateResult:
         sid = p.session_id
-        async with self.store.locks.hold(sid):
-            s = await self.store.open_session(sid)
-            running = await self.store.index.running_turn(sid)
-            if running is not None:
-                raise AgentBusy(f"turn {running!r} is running in session {sid!r}", turnId=running)
-            root, msg = await self._root(s, p.root_id)
-            _, active = _stamp_of(msg)
-            old = self.archive.load(sid, p.root_id)
-            if p.revision >= len(old):
-                raise NotFound("revision", p.revision)
-            branch = await self._branch(s, root)
-            lines = await self.store.read_rows(s, branch)
-            if lines and p.revision == _slot(active, len(old)):
-                chosen = lines  # the slot the branch is archived into: it stays
-            else:
-                chosen = await asyncio.to_thread(self.archive.read, sid, p.root_id, old[p.revision])
-            await self._check_ids(s, branch, chosen)  # before anything is written
-            if lines:
-                revs, _ = await asyncio.to_thread(self._plan, sid, p.root_id, active, lines)
-            else:
-                revs = old
-            pager = _pager(p.root_id, len(revs), p.revision)
-            if revs == old and chosen == lines and pager == msg.pager():
-                return ActivateResult(active_revision=p.revision, revision_count=len(revs))
-            intent = Intent(
-                sid,
-                archive=ArchiveStep(p.root_id, [_rev(r) for r in revs]),
-                stamp=StampStep(p.root_id, pager, branch_revision=p.revision),
-            )
-
-            async def swap() -> None:
-                await self._stamp(s, root, msg, pager, chosen)
-
-            await self._carry_out(s, intent, old, swap)
+        s = await self.store.open_session(sid)
+        running = await self.store.index.running_turn(sid)
+        if running is not None:
+            raise AgentBusy(f"turn {running!r} is running in session {sid!r}", turnId=running)
+        root, msg = await self._root(s, p.root_id)
+        _, active = _stamp_of(msg)
+        old = self.archive.load(sid, p.root_id)
+        if p.revision >= len(old):
+            raise NotFound("revision", p.revision)
+        branch = await self._branch(s, root)
+        lines = await self.store.read_rows(s, branch)
+        if lines and p.revision == _slot(active, len(old)):
+            chosen = lines  # the slot the branch is archived into: it stays
+        else:
+            chosen = await asyncio.to_thread(self.archive.read, sid, p.root_id, old[p.revision])
+        await self._check_ids(s, branch, chosen)  # before anything is written
+        if lines:
+            revs, _ = await asyncio.to_thread(self._plan, sid, p.root_id, active, lines)
+        else:
+            revs = old
+        pager = _pager(p.root_id, len(revs), p.revision)
+        if revs == old and chosen == lines and pager == msg.pager():
             return ActivateResult(active_revision=p.revision, revision_count=len(revs))
+        intent = Intent(
+            sid,
+            archive=ArchiveStep(p.root_id, [_rev(r) for r in revs]),
+            stamp=StampStep(p.root_id, pager, branch_revision=p.revision),
+        )
+
+        async def swap() -> None:
+            await self._stamp(s, root, msg, pager, chosen)
+
+        await self._carry_out(s, intent, old, swap)
+        return ActivateResult(active_revision=p.revision, revision_count=len(revs))
 
     async def _carry_out(
         self,
@@ -356,27 +352,26 @@ class HistoryMethods:
         if p.from_message_id is UNSET and p.truncate_before is UNSET:
             raise InvalidParams("session.truncateFrom needs fromMessageId or truncateBefore")
         sid = p.session_id
-        async with self.store.locks.hold(sid):
-            s = await self.store.open_session(sid)
-            if not await self._will_resolve(sid, p):  # NOT_FOUND before anything changes
-                raise NotFound("message", p.from_message_id or None)
-            await self.turns.settle_for_cut(s)
-            cut = await self._resolve_cut(sid, p)
-            total = s.line_count
-            if cut >= total:  # a retried call: the cut is already made
-                return TruncateResult(kept=total, removed=0, archived=0)
-            (first,) = await self.store.index.rows(sid, cut, cut + 1)
-            before = await self.store.index.rows(sid, cut - 1, cut) if cut > 0 else []
-            pager: Pager | None = None
-            archived = 0
-            if before and before[0].role == "user" and first.role != "user":
-                pager, archived = await self._regenerate(s, before[0], cut)
-            else:
-                await self._plain_cut(s, first.offset, cut)
-            self.store.count("truncations")
-            return TruncateResult(
-                kept=cut, removed=total - cut, archived=archived, pager=pager or UNSET
-            )
+        s = await self.store.open_session(sid)
+        if not await self._will_resolve(sid, p):  # NOT_FOUND before anything changes
+            raise NotFound("message", p.from_message_id or None)
+        await self.turns.settle_for_cut(s)
+        cut = await self._resolve_cut(sid, p)
+        total = s.line_count
+        if cut >= total:  # a retried call: the cut is already made
+            return TruncateResult(kept=total, removed=0, archived=0)
+        (first,) = await self.store.index.rows(sid, cut, cut + 1)
+        before = await self.store.index.rows(sid, cut - 1, cut) if cut > 0 else []
+        pager: Pager | None = None
+        archived = 0
+        if before and before[0].role == "user" and first.role != "user":
+            pager, archived = await self._regenerate(s, before[0], cut)
+        else:
+            await self._plain_cut(s, first.offset, cut)
+        self.store.count("truncations")
+        return TruncateResult(
+            kept=cut, removed=total - cut, archived=archived, pager=pager or UNSET
+        )
 
     async def _plain_cut(self, s: OpenSession, offset: int, cut: int) -> None:
         """Cut the transcript at ``offset`` (line ``cut``): one ``ftruncate``, atomic on its

@@ -115,10 +115,8 @@ def incoming_head(raw: bytes, what: str = "message") -> Head:
     """Validate the head of a message a caller wants written, or raise ``InvalidParams``.
 
     A display-capped copy is ``CONFLICT``; one over :data:`MAX_MESSAGE` is
-    ``LIMIT_EXCEEDED``. The envelope already proved ``raw`` is JSON, so the rest of the
-    message needs no second scan when only the head is used (a checkpoint);
-    or, for a message split off its request (``host._endpoint._split``), this scan is what
-    proves it: ``ParseError`` when it is not one JSON value, even past a field that failed.
+    ``LIMIT_EXCEEDED``. The request's decode already proved ``raw`` is JSON, so the rest
+    of the message needs no second scan when only the head is used (a checkpoint).
     """
     if len(raw) > MAX_MESSAGE:  # stored, stamped and read alone, it would pass 64 MiB
         raise LimitExceeded(
@@ -129,7 +127,6 @@ def incoming_head(raw: bytes, what: str = "message") -> Head:
     try:
         head = decode(_HEAD, raw, read=True)
     except msgspec.ValidationError as exc:
-        _json(raw, what)  # stopped at the bad field: the rest may still not be JSON
         raise InvalidParams(f"{what}: {exc}") from None
     except (msgspec.DecodeError, RecursionError) as exc:
         raise ParseError(f"{what}: {exc}") from None
@@ -139,14 +136,6 @@ def incoming_head(raw: bytes, what: str = "message") -> Head:
             messageId=head.id,
         )
     return head
-
-
-def _json(raw: bytes, what: str) -> None:
-    """Raise ``ParseError`` unless ``raw`` is one JSON value."""
-    try:
-        decode(_RAW, raw)
-    except (msgspec.DecodeError, RecursionError) as exc:
-        raise ParseError(f"{what}: {exc}") from None
 
 
 def parse_incoming(raw: bytes, what: str = "message") -> Message:

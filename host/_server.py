@@ -135,18 +135,10 @@ CLOSE_WAIT = 30.0
 
 def connect(host: Host, lines: LineReader, writer: Any) -> Connection:
     """The endpoint of one connection, wired to its reader and writer (flow control)."""
-    conn = Connection(
-        host.handlers,
-        host.stats,
-        writer,
-        host.immediate,
-        host.split,
-        budget=host.requests,
-        big_results=host.big_results,
-    )
-    lines.on_line = conn.feed  # before the first read, which may come in this pass
+    conn = Connection(host, host.stats, writer, budget=host.requests)
+    lines.on_line = conn.read  # before the first read, which may come in this pass
+    lines.on_read_end = conn.run_ready
     lines.budget = host.requests
-    conn.more = lines.more
     conn.reader = lines
     if isinstance(writer, _Sender):
         writer.listener = conn

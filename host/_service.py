@@ -14,9 +14,13 @@ import os
 import shutil
 import sqlite3
 import time
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
 
-from host._endpoint import Handler, Immediate, Stats
+from msgspec import Struct, structs
+
+from host._endpoint import Stats
 from host._framing import RequestBudget
 from host._fs import FileSystem
 from host._history import HistoryMethods
@@ -31,11 +35,16 @@ from host._index import (
 )
 from host._layout import Layout
 from host._limits import REQUEST_BYTES, Limits
+from host._locks import CallState, Ticket
 from host._recovery import Report, recover
 from host._sessions import SessionMethods
 from host._store import Store
 from host._turns import TurnMethods
-from host._wire import EmptyParams, ShutdownResult, StatsResult
+from host._wire import CreateParams, EmptyParams, ShutdownResult, StatsResult
+
+Handler = Callable[[Any], Coroutine[Any, Any, Struct]]
+_TWINS = frozenset({"session.create", "session.delete"})
+"""Methods that also hold the queue every id differing only in case shares."""
 
 log = logging.getLogger("host")
 
@@ -74,14 +83,32 @@ class Host:
             "host.stats": self.host_stats,
             "host.shutdown": self.host_shutdown,
         }
-        self.immediate: dict[str, Immediate] = {"session.appendMessage": s.append_now}
-        """Calls the endpoint may do at once, without a task (see ``append_now``)."""
-        self.split: dict[str, Immediate] = {"session.saveInflightMessage": t.save_now}
-        """Calls done at once with their message split off their line (see ``save_now``)."""
+        self.methods = frozenset(self.handlers)
         self.big_results = frozenset({"session.get", "session.list", "session.listRevisions"})
         """Methods whose answer its request does not bound: a connection runs one at a time."""
         self.requests = RequestBudget(REQUEST_BYTES)
         """The long request lines every connection holds together (docs/protocol.md)."""
+
+    def submit(self, method: str, params: Any, call: CallState) -> Coroutine[Any, Any, Struct]:
+        """Queue a decoded call on its session, now, and return the coroutine that runs it.
+
+        A call naming a session takes its place in that session's queue (``create`` and
+        ``delete`` also in the one their case twins share: two ids a case-insensitive file
+        system stores as one file are never created and deleted at once); the others
+        (``list``, ``host.*``, ``recoverInflightMessages``) run as soon as they start.
+        """
+        handler = self.handlers[method]
+        if isinstance(params, CreateParams) and not isinstance(params.session_id, str):
+            params = structs.replace(params, session_id=uuid.uuid4().hex)
+        sid = getattr(params, "session_id", None)
+        if not isinstance(sid, str):
+            return handler(params)
+        locks = self.store.locks
+        if method in _TWINS:  # entered first; its key is no legal id ("/" is in none)
+            locks.enqueue("/" + sid.lower(), call)
+        rider = params if method == "session.appendMessage" else None
+        ticket = locks.enqueue(sid, call, rider)
+        return _in_turn(handler, params, call.tickets, ticket)
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -164,6 +191,8 @@ class Host:
         counters["rewrites.copyFallbacks"] = self.store.fs.copy_fallbacks
         counters["connections.paused"] = self.stats.paused
         counters["calls.waiting"] = self.stats.waiting
+        counters["calls.inline"] = self.stats.inline
+        counters["calls.queued"] = self.stats.queued
         counters["requests.heldBytes"] = self.requests.held
         return StatsResult(
             uptime_seconds=time.monotonic() - self.stats.started,
@@ -174,6 +203,20 @@ class Host:
     async def host_shutdown(self, p: EmptyParams) -> ShutdownResult:
         self.shutdown_requested.set()
         return ShutdownResult(shutting_down=True)
+
+
+async def _in_turn(handler: Handler, params: Any, tickets: list[Ticket], ticket: Ticket) -> Struct:
+    """Run a call once it holds its session: from its first read to its last write."""
+    try:
+        for t in tickets:
+            await t.wait()
+        if ticket.done:  # the holder ahead did its work (group commit)
+            result: Struct = ticket.rider.answer()
+            return result
+        return await handler(params)
+    finally:
+        for t in tickets:
+            t.leave()
 
 
 def _sweep_archives(store: Store) -> None:

@@ -11,15 +11,13 @@ import asyncio
 import json
 import logging
 import os
-import uuid
 from collections.abc import Sequence
 
 import msgspec
 from msgspec import UNSET, Raw
 
-from host._errors import Conflict, LimitExceeded, NotFound
+from host._errors import Conflict, HostError, LimitExceeded, NotFound
 from host._index import Row, SessionRow, now_iso
-from host._locks import UNSTARTED
 from host._messages import (
     Message,
     pager_from_json,
@@ -64,44 +62,44 @@ class SessionMethods:
     # -- lifecycle ------------------------------------------------------------------
 
     async def create(self, p: CreateParams) -> CreateResult:
-        sid = p.session_id if isinstance(p.session_id, str) else uuid.uuid4().hex
+        sid = p.session_id
+        assert isinstance(sid, str)  # the service names an unnamed session
         title = p.title if isinstance(p.title, str) else None
-        async with self.store.locks.hold_with_twins(sid):
-            if await self.store.index.session(sid) is not None:
-                return CreateResult(session_id=sid, created=False)
-            if twin := await asyncio.to_thread(self.store.layout.case_twin, sid):
-                raise Conflict(
-                    f"session {twin!r} exists: an id that differs from it only in case would"
-                    " be the same file on a case-insensitive file system",
-                    sessionId=twin,
-                )
-            if os.path.exists(self.store.layout.transcript(sid)):
-                # A transcript the index has not seen (copied in while the host runs): the
-                # file is the truth, so it is indexed as start would, never replaced.
-                await reconcile(self.store, sid, full=True)
-                return CreateResult(session_id=sid, created=False)
-            now = now_iso()
-            fs, layout = self.store.fs, self.store.layout
-            meta = json.dumps({"title": title, "createdAt": now}).encode()
+        if await self.store.index.session(sid) is not None:
+            return CreateResult(session_id=sid, created=False)
+        if twin := await asyncio.to_thread(self.store.layout.case_twin, sid):
+            raise Conflict(
+                f"session {twin!r} exists: an id that differs from it only in case would"
+                " be the same file on a case-insensitive file system",
+                sessionId=twin,
+            )
+        if os.path.exists(self.store.layout.transcript(sid)):
+            # A transcript the index has not seen (copied in while the host runs): the
+            # file is the truth, so it is indexed as start would, never replaced.
+            await reconcile(self.store, sid, full=True)
+            return CreateResult(session_id=sid, created=False)
+        now = now_iso()
+        fs, layout = self.store.fs, self.store.layout
+        meta = json.dumps({"title": title, "createdAt": now}).encode()
 
-            def make_files() -> FileStamp:
-                self.store.intents.clear(sid)  # a deleted session's, its removal failed
-                fs.write_atomic(layout.meta(sid), meta)
-                self.store.turnlog.create(sid)  # its name made durable with the transcript's
-                t = Transcript.create(fs, layout.transcript(sid))
-                try:
-                    return t.stamp()
-                finally:
-                    t.close()
-
+        def make_files() -> FileStamp:
+            self.store.intents.clear(sid)  # a deleted session's, its removal failed
+            fs.write_atomic(layout.meta(sid), meta)
+            self.store.turnlog.create(sid)  # its name made durable with the transcript's
+            t = Transcript.create(fs, layout.transcript(sid))
             try:
-                st = await asyncio.to_thread(make_files)
-                row = SessionRow(sid, title, now, now, 0, 0, st.ino, st.mtime_ns)
-                await self.store.index.create_session(row)
-            except BaseException:
-                await asyncio.shield(asyncio.to_thread(self.store.remove_files, sid))
-                raise
-            return CreateResult(session_id=sid, created=True)
+                return t.stamp()
+            finally:
+                t.close()
+
+        try:
+            st = await asyncio.to_thread(make_files)
+            row = SessionRow(sid, title, now, now, 0, 0, st.ino, st.mtime_ns)
+            await self.store.index.create_session(row)
+        except BaseException:
+            await asyncio.shield(asyncio.to_thread(self.store.remove_files, sid))
+            raise
+        return CreateResult(session_id=sid, created=True)
 
     async def list_sessions(self, p: EmptyParams) -> ListResult:
         rows = await self.store.index.sessions()
@@ -119,99 +117,72 @@ class SessionMethods:
 
     async def delete(self, p: SessionParams) -> DeleteResult:
         sid = p.session_id
-        async with self.store.locks.hold_with_twins(sid):  # as create: case twins wait
-            await self.store.open_session(sid)  # NOT_FOUND for an absent session
-            self.store.forget(sid)
-            await self.store.index.mark_dirty(sid)  # a same-id session may follow its rows
-            await asyncio.to_thread(self.store.bury, sid)  # the commit
-            try:
-                await self.store.index.delete_session(sid)
-            except BaseException:
-                await asyncio.shield(asyncio.to_thread(self.store.unbury, sid))
-                raise
-            try:
-                await asyncio.to_thread(self.store.remove_files, sid)
-            except OSError as exc:  # deleted all the same: the rest goes at the next start
-                log.warning("session %s: deleted; its files go at the next start: %s", sid, exc)
-            return DeleteResult(deleted=True)
+        await self.store.open_session(sid)  # NOT_FOUND for an absent session
+        self.store.forget(sid)
+        await self.store.index.mark_dirty(sid)  # a same-id session may follow its rows
+        await asyncio.to_thread(self.store.bury, sid)  # the commit
+        try:
+            await self.store.index.delete_session(sid)
+        except BaseException:
+            await asyncio.shield(asyncio.to_thread(self.store.unbury, sid))
+            raise
+        try:
+            await asyncio.to_thread(self.store.remove_files, sid)
+        except OSError as exc:  # deleted all the same: the rest goes at the next start
+            log.warning("session %s: deleted; its files go at the next start: %s", sid, exc)
+        return DeleteResult(deleted=True)
 
     # -- reads ----------------------------------------------------------------------
 
     async def get(self, p: GetParams) -> GetResult:
-        async with self.store.locks.hold(p.session_id):
-            s = await self.store.open_session(p.session_id)
-            total = s.line_count
-            end = total if p.before_line is UNSET else min(p.before_line, total)
-            start = 0 if p.limit is UNSET else max(0, end - p.limit)
-            rows = await self.store.index.rows(s.session_id, start, end) if end > start else []
-            cap = p.display_cap if isinstance(p.display_cap, int) else None
-            # What the answer can hold: a capped line is about its cap (short fields are
-            # never clipped: allow slack); the encoded answer is checked again at the end.
-            size = sum(r.length + 1 if cap is None else min(r.length, 2 * cap + 4096) for r in rows)
-            if size > MAX_LINE:
-                raise LimitExceeded(
-                    f"lines {start}-{end} hold {size} bytes, over the 64 MiB result limit:"
-                    " page with limit/beforeLine",
-                    limit=MAX_LINE,
-                )
-            if cap is None:  # views of one read: the page is held once, then its answer
-                lines = await self.store.read_raw(s, rows)
-            else:  # read in bounded runs, capping as it goes: memory follows the answer
-                lines = []
-                run: list[Row] = []
-                for r in rows:
-                    if r.length <= cap:
-                        run.append(r)
-                        if len(run) == 1024:
-                            lines += await self.store.read_raw(s, run)
-                            run = []
-                        continue
-                    lines += await self.store.read_raw(s, run)
-                    run = []
-                    capped = await self.store.read_capped(s, r, cap, _host_fields(r))
-                    lines.append(Raw(capped))
+        s = await self.store.open_session(p.session_id)
+        total = s.line_count
+        end = total if p.before_line is UNSET else min(p.before_line, total)
+        start = 0 if p.limit is UNSET else max(0, end - p.limit)
+        rows = await self.store.index.rows(s.session_id, start, end) if end > start else []
+        cap = p.display_cap if isinstance(p.display_cap, int) else None
+        # What the answer can hold: a capped line is about its cap (short fields are
+        # never clipped: allow slack); the encoded answer is checked again at the end.
+        size = sum(r.length + 1 if cap is None else min(r.length, 2 * cap + 4096) for r in rows)
+        if size > MAX_LINE:
+            raise LimitExceeded(
+                f"lines {start}-{end} hold {size} bytes, over the 64 MiB result limit:"
+                " page with limit/beforeLine",
+                limit=MAX_LINE,
+            )
+        if cap is None:  # views of one read: the page is held once, then its answer
+            lines = await self.store.read_raw(s, rows)
+        else:  # read in bounded runs, capping as it goes: memory follows the answer
+            lines = []
+            run: list[Row] = []
+            for r in rows:
+                if r.length <= cap:
+                    run.append(r)
+                    if len(run) == 1024:
+                        lines += await self.store.read_raw(s, run)
+                        run = []
+                    continue
                 lines += await self.store.read_raw(s, run)
+                run = []
+                capped = await self.store.read_capped(s, r, cap, _host_fields(r))
+                lines.append(Raw(capped))
+            lines += await self.store.read_raw(s, run)
         return GetResult(messages=lines, start_line=start, end_line=end, total_lines=total)
 
     # -- writes ---------------------------------------------------------------------
 
     async def append_message(self, p: AppendParams) -> AppendResult:
-        msg = parse_incoming(p.message)
-        turn_id = p.turn_id if isinstance(p.turn_id, str) else msg.turn_id
-        rider = _Append(msg, turn_id)
-        async with self.store.locks.hold(p.session_id, rider) as ticket:
-            if rider.done:  # an earlier call wrote it with its own group (group commit)
-                return rider.answer()
-            s = await self.store.open_session(p.session_id)
-            if UNSTARTED[0]:
-                await asyncio.sleep(0)  # calls already read behind this one queue to join it
-            riders = self.store.locks.followers(p.session_id, ticket, GROUP - 1)
-            try:
-                await self._append_group(s, [rider, *(t.rider for t in riders)], defer_index=True)
-            finally:
-                self.store.locks.release(p.session_id, riders)
-            return rider.answer()
-
-    def append_now(self, p: AppendParams) -> AppendResult | None:
-        """``appendMessage`` done at once, or ``None`` when it must take the awaited way.
-
-        Taken when the call finds its session open and idle (:meth:`Store.idle_session`),
-        fsyncs fast, and no checkpoint of its message to remove (that goes to a thread): it
-        is then the awaited call's group of one, with no task, no lock and no turn of the
-        loop, whose steps cost twice their time in wake-ups (docs/design.md, Append).
-        """
-        store = self.store
-        s = store.idle_session(p.session_id)
-        if s is None:
-            return None
-        msg = parse_incoming(p.message)
-        if self._holds_checkpoint(s, msg.id):
-            return None
-        a = _Append(msg, p.turn_id if isinstance(p.turn_id, str) else msg.turn_id)
-        fresh, new = self._plan(s, [a])
-        if not store.can_append_now(new):
-            return None
-        self._done([a], fresh, store.append_now(s, new))
+        """Append the message, and those of the appends queued right behind it, with one
+        write and one fsync (group commit); each of those calls answers as its own."""
+        sid = p.session_id
+        ticket = self.store.locks.queue(sid)[0]  # this call holds its session
+        a = _Append.of(p)
+        s = await self.store.open_session(sid)
+        riders = self.store.locks.followers(ticket, GROUP - 1, _Append.rider)
+        try:
+            await self._append_group(s, [a, *(t.rider for t in riders)], defer_index=True)
+        finally:
+            self.store.locks.release(riders)
         return a.answer()
 
     async def _append_group(
@@ -287,49 +258,46 @@ class SessionMethods:
 
     async def update_message(self, p: UpdateParams) -> LineResult:
         msg = parse_incoming(p.message)
-        async with self.store.locks.hold(p.session_id):
-            s = await self.store.open_session(p.session_id)
-            row = await self.store.index.lookup(s.session_id, msg.id)
-            if row is None:
-                raise NotFound("message", msg.id)
-            old = await self.store.read_row(s, row)  # re-read inside the lock
-            stored = parse_stored(old)
-            turn_id = (stored.turn_id if stored else None) or msg.turn_id
-            pager = stored.pager() if stored else {}
-            nl = NewLine.of(msg, turn_id, pager)
-            if nl.data != old:
-                await self.store.rewrite_line(s, row, nl.row(row.line, row.offset), nl.data)
-            return LineResult(line=row.line)
+        s = await self.store.open_session(p.session_id)
+        row = await self.store.index.lookup(s.session_id, msg.id)
+        if row is None:
+            raise NotFound("message", msg.id)
+        old = await self.store.read_row(s, row)  # re-read inside the lock
+        stored = parse_stored(old)
+        turn_id = (stored.turn_id if stored else None) or msg.turn_id
+        pager = stored.pager() if stored else {}
+        nl = NewLine.of(msg, turn_id, pager)
+        if nl.data != old:
+            await self.store.rewrite_line(s, row, nl.row(row.line, row.offset), nl.data)
+        return LineResult(line=row.line)
 
     async def delete_messages(self, p: DeleteMessagesParams) -> CountDeletedResult:
-        async with self.store.locks.hold(p.session_id):
-            s = await self.store.open_session(p.session_id)
-            doomed = set(p.message_ids)
-            rows = await self.store.index.rows(s.session_id)
-            kept = [r for r in rows if r.message_id not in doomed]
-            deleted = len(rows) - len(kept)
-            if deleted:
-                pieces, new_rows = _compact(kept)
-                await self.store.rewrite(s, pieces, new_rows)
-            return CountDeletedResult(deleted=deleted)
+        s = await self.store.open_session(p.session_id)
+        doomed = set(p.message_ids)
+        rows = await self.store.index.rows(s.session_id)
+        kept = [r for r in rows if r.message_id not in doomed]
+        deleted = len(rows) - len(kept)
+        if deleted:
+            pieces, new_rows = _compact(kept)
+            await self.store.rewrite(s, pieces, new_rows)
+        return CountDeletedResult(deleted=deleted)
 
     async def replace_messages(self, p: ReplaceParams) -> CountResult:
         msgs = parse_all(p.messages)
-        async with self.store.locks.hold(p.session_id):
-            s = await self.store.open_session(p.session_id)
-            old = {r.message_id: r for r in await self.store.index.rows(s.session_id)}
-            pieces: list[Piece] = []
-            rows: list[Row] = []
-            pos = 0
-            for i, m in enumerate(msgs):
-                prev = old.get(m.id)
-                turn_id = (prev.turn_id if prev else None) or m.turn_id
-                nl = NewLine.of(m, turn_id, pager_from_json(prev.pager) if prev else {})
-                pieces.append(nl.data + b"\n")
-                rows.append(nl.row(i, pos))
-                pos += len(nl.data) + 1
-            await self.store.rewrite(s, pieces, rows)
-            return CountResult(count=len(msgs))
+        s = await self.store.open_session(p.session_id)
+        old = {r.message_id: r for r in await self.store.index.rows(s.session_id)}
+        pieces: list[Piece] = []
+        rows: list[Row] = []
+        pos = 0
+        for i, m in enumerate(msgs):
+            prev = old.get(m.id)
+            turn_id = (prev.turn_id if prev else None) or m.turn_id
+            nl = NewLine.of(m, turn_id, pager_from_json(prev.pager) if prev else {})
+            pieces.append(nl.data + b"\n")
+            rows.append(nl.row(i, pos))
+            pos += len(nl.data) + 1
+        await self.store.rewrite(s, pieces, rows)
+        return CountResult(count=len(msgs))
 
 
 def _host_fields(row: Row) -> dict[str, bytes]:
@@ -366,6 +334,19 @@ class _Append:
     """One ``appendMessage`` call's work, which the lock holder may do for it."""
 
     __slots__ = ("appended", "done", "error", "line", "msg", "turn_id")
+
+    @classmethod
+    def of(cls, p: AppendParams) -> _Append:
+        msg = parse_incoming(p.message)
+        return cls(msg, p.turn_id if isinstance(p.turn_id, str) else msg.turn_id)
+
+    @classmethod
+    def rider(cls, p: AppendParams) -> _Append | None:
+        """The work of an append queued behind another, or ``None``: it fails on its own."""
+        try:
+            return cls.of(p)
+        except HostError:
+            return None
 
     def __init__(self, msg: Message, turn_id: str | None) -> None:
         self.msg = msg

@@ -18,9 +18,9 @@ import logging
 import shutil
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from msgspec import Raw
 
@@ -32,13 +32,14 @@ from host._index import Index, Row, now_iso
 from host._intents import ArchiveStep, Intents
 from host._layout import Layout, UnsafeFolder
 from host._limits import OPEN_TRANSCRIPTS
-from host._locks import UNSTARTED, LockTable
+from host._locks import LockTable
 from host._messages import Message, display_capped, pager_json, valid_line
-from host._transcript import Piece, Rewrite, Transcript
+from host._transcript import FileStamp, Piece, Rewrite, Transcript
 from host._turnlog import TurnLog, TurnRecord, TurnStatus
 
 log = logging.getLogger("host.store")
 BIG_WRITE = 1 << 20  # appends larger than this are written off the loop
+T = TypeVar("T")
 ROOM_WAIT = 30.0
 """Seconds a call waits for an open transcript to close before it opens one more."""
 
@@ -84,8 +85,16 @@ class NewLine:
         )
 
 
+def _write_synced(transcript: Transcript, data: bytes) -> FileStamp:
+    """Append ``data`` and fsync; return the file's stamp (an fsync changes none of it)."""
+    transcript.write(data)
+    stamp = transcript.stamp()
+    transcript.sync()
+    return stamp
+
+
 class FsyncPolicy:
-    """Where an append group's fsync runs: on the loop while fsyncs are fast, else a thread.
+    """Where durable writes run: on the loop while fsyncs are fast, else on a thread.
 
     A hop to a thread and back costs two wake-ups, the worker's and then the loop's; on a
     virtual machine that is 0.1 to 0.2 ms, as much as a fast fsync. An fsync on the loop
@@ -103,23 +112,9 @@ class FsyncPolicy:
     def inline(self) -> bool:
         return self.average < self.SLOW
 
-    async def sync(self, transcript: Transcript, *, big: bool = False) -> None:
-        """fsync ``transcript``; ``big``: after a write too big for the loop, always a thread."""
-        if self.inline and not big:
-            self.sync_here(transcript)
-        else:
-            with self.timed():
-                await asyncio.to_thread(transcript.sync)
-
-    def sync_here(self, transcript: Transcript) -> None:
-        """fsync ``transcript`` on the calling thread, and count it (no generator frame)."""
-        t0 = time.perf_counter()
-        transcript.sync()
-        self.note(time.perf_counter() - t0)
-
     @contextlib.contextmanager
     def timed(self) -> Iterator[None]:
-        """Count the durable write in the block (a group's fsync, a checkpoint's replace)."""
+        """Count the durable write in the block."""
         t0 = time.perf_counter()
         yield
         self.note(time.perf_counter() - t0)
@@ -155,10 +150,8 @@ class Store:
         descriptor: 10,000 sessions must fit in ``ulimit -n 256``)."""
         self._opening = 0  # transcripts being opened (their room is taken)
         self._room: deque[asyncio.Future[None]] = deque()  # calls waiting to open one
-        self.locks.on_idle = self._idle
+        self.locks.on_free = self._free
         self.fsyncs = FsyncPolicy()
-        self.scans = ThreadPoolExecutor(1, thread_name_prefix="host-scan")
-        """Where a big request's second JSON scan runs while the loop's write flushes."""
         self.counters: dict[str, int] = {}
 
     def count(self, name: str, n: int = 1) -> None:
@@ -241,15 +234,16 @@ class Store:
     async def _make_room(self) -> None:
         """Return once a transcript may be opened within :attr:`open_transcripts`.
 
-        The least recently used idle session's is closed for it: only a session nobody
-        holds or awaits, since a call keeps its ``OpenSession`` (and a rewrite its old
-        descriptor) from its first read to its last write, under the lock. When every
-        open one is busy, wait (in turn) until one is idle: a call holding a lock never
-        waits for anything but the disk and the index, so one soon is. Bounded, and
-        said so: past :data:`ROOM_WAIT` the transcript is opened anyway.
+        The least recently used idle session's is closed for it: only a session no call
+        holds, since a call keeps its ``OpenSession`` (and a rewrite its old descriptor)
+        from its first read to its last write; a call only queued for it opens it again
+        when its turn comes. When every open one is held, wait (in turn) until one is let
+        go: a call holding a session never waits for anything but the disk and the index,
+        so one soon is. Bounded, and said so: past :data:`ROOM_WAIT` the transcript is
+        opened anyway.
         """
         while len(self._open) + self._opening >= self.open_transcripts:
-            victim = next((sid for sid in self._open if not self.locks.users(sid)), None)
+            victim = next((sid for sid in self._open if not self.locks.held(sid)), None)
             if victim is not None:  # least recently used first: most often the very first
                 self.forget(victim)
                 self.count("transcripts.closed")
@@ -257,8 +251,7 @@ class Store:
             turn = asyncio.get_running_loop().create_future()
             self._room.append(turn)
             try:
-                async with asyncio.timeout(ROOM_WAIT):
-                    await turn
+                await asyncio.wait_for(turn, ROOM_WAIT)
             except TimeoutError:
                 log.warning(
                     "%d transcripts open and busy for %.0f s: opening one more",
@@ -270,8 +263,8 @@ class Store:
                 if turn in self._room:
                     self._room.remove(turn)
 
-    def _idle(self, session_id: str) -> None:
-        """A session's last caller left: a call waiting for room may close it now."""
+    def _free(self, session_id: str) -> None:
+        """A session's holder left: a call waiting for room may close it now."""
         if session_id in self._open:
             self._next_room()
 
@@ -281,21 +274,6 @@ class Store:
             if not turn.done():
                 turn.set_result(None)
                 return
-
-    def idle_session(self, session_id: str) -> OpenSession | None:
-        """The open session, when a call may write it at once without taking its lock.
-
-        That is when nobody holds or awaits its lock, no call is read but not yet started
-        (it may be bound for this session, ahead of the caller), and no session's rows are
-        stale (a failed batch: :meth:`open_session` waits for the index to settle, which
-        may fail the call); else ``None``: take the lock (which also opens and reconciles).
-        """
-        if UNSTARTED[0] or self.index.stale or self.locks.users(session_id):
-            return None
-        s = self._open.pop(session_id, None)
-        if s is not None:
-            self._open[session_id] = s  # the most recently used now
-        return s
 
     def is_open(self, s: OpenSession) -> bool:
         """Whether ``s`` is still the served state (a failed undo forgets it)."""
@@ -314,10 +292,9 @@ class Store:
             self._next_room()
 
     def close(self) -> None:
-        """Close every open transcript, and let the scan thread go."""
+        """Close every open transcript."""
         for sid in list(self._open):
             self.forget(sid)
-        self.scans.shutdown(wait=False, cancel_futures=True)
 
     # -- reads ----------------------------------------------------------------------
 
@@ -407,21 +384,13 @@ class Store:
         """
         if not lines:
             return []
-        if defer_index and self.can_append_now(lines):
-            return self.append_now(s, lines)
         offset = s.size
         data = b"".join(nl.data + b"\n" for nl in lines)
-        big = len(data) > BIG_WRITE
         rows, pos = self._rows(s, lines)
+        count = s.line_count + len(lines)
         try:
-            if big:
-                await asyncio.to_thread(s.transcript.write, data)
-            else:
-                s.transcript.write(data)
-            stamp = s.transcript.stamp()  # an fsync changes no part of it: taken while warm
-            await self.fsyncs.sync(s.transcript, big=big)
+            stamp = await self.durably(len(data), _write_synced, s.transcript, data)
             self.count("fsyncs")
-            count = s.line_count + len(lines)
             if not defer_index:
                 await self.index.append(s.session_id, rows, stamp, count, now_iso())
         except BaseException:
@@ -429,7 +398,18 @@ class Store:
             raise
         if defer_index:
             self.index.queue_append(s.session_id, rows, stamp, count)
-        return self._appended(s, rows, pos)
+        s.size = pos
+        s.line_count = count
+        self.count("appends", len(rows))
+        return [r.line for r in rows]
+
+    async def durably(self, size: int, write: Callable[..., T], *args: Any) -> T:
+        """Run a durable write of ``size`` bytes: on the loop up to :data:`BIG_WRITE` while
+        fsyncs are fast (:class:`FsyncPolicy`), else on a thread; timed either way."""
+        with self.fsyncs.timed():
+            if self.fsyncs.inline and size <= BIG_WRITE:
+                return write(*args)
+            return await asyncio.to_thread(write, *args)
 
     async def record_turn(
         self, session_id: str, turn_id: str, status: TurnStatus, prompt_id: str | None = None
@@ -440,11 +420,7 @@ class Store:
         nothing (and if even that fails, the next start replays the line: it is durable).
         """
         rec = TurnRecord(turn_id, status, now_iso(), prompt_id)
-        if self.fsyncs.inline:  # as an append's: on the loop while fsyncs are fast
-            with self.fsyncs.timed():
-                before, after = self.turnlog.append(session_id, rec)
-        else:
-            before, after = await asyncio.to_thread(self.turnlog.append, session_id, rec)
+        before, after = await self.durably(0, self.turnlog.append, session_id, rec)
         try:
             await self.index.record_turns(session_id, [rec], after)
         except BaseException:
@@ -456,45 +432,6 @@ class Store:
             self.turnlog.cut(session_id, size)
         except OSError as exc:
             log.error("session %s: a failed turn change stays in its log: %s", session_id, exc)
-
-    def can_write_now(self, size: int) -> bool:
-        """Whether a durable write of ``size`` bytes may run on the loop: up to
-        :data:`BIG_WRITE` while fsyncs are fast (:class:`FsyncPolicy`)."""
-        return self.fsyncs.inline and size <= BIG_WRITE
-
-    def can_append_now(self, lines: Sequence[NewLine]) -> bool:
-        """Whether :meth:`append_now` may write ``lines``."""
-        return self.can_write_now(sum(len(nl.data) + 1 for nl in lines))
-
-    def append_now(self, s: OpenSession, lines: Sequence[NewLine]) -> list[int]:
-        """:meth:`append` with its rows deferred, done at once: no await, no thread.
-
-        Only where :meth:`can_append_now`: the write goes to the page cache and the fsync
-        runs on the loop, as the awaited path does then too, so a caller can finish a whole
-        call without a task.
-        """
-        if not lines:
-            return []
-        offset = s.size
-        data = b"".join(nl.data + b"\n" for nl in lines)
-        rows, pos = self._rows(s, lines)
-        try:
-            s.transcript.write(data)
-            stamp = s.transcript.stamp()
-            self.fsyncs.sync_here(s.transcript)
-        except BaseException:
-            self._cut_back(s, offset)
-            raise
-        self.count("fsyncs")
-        self.index.queue_append(s.session_id, rows, stamp, s.line_count + len(rows))
-        return self._appended(s, rows, pos)
-
-    def _appended(self, s: OpenSession, rows: list[Row], size: int) -> list[int]:
-        """Count ``rows`` as stored in ``s``, now ``size`` bytes; return their line numbers."""
-        s.size = size
-        s.line_count += len(rows)
-        self.count("appends", len(rows))
-        return [r.line for r in rows]
 
     @staticmethod
     def _rows(s: OpenSession, lines: Sequence[NewLine]) -> tuple[list[Row], int]:

@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from concurrent.futures import Future
 
 from msgspec import UNSET, Raw
 
 from host._checkpoints import Checkpoint
-from host._errors import AgentBusy, InvalidParams, NotFound, ParseError
+from host._errors import AgentBusy, InvalidParams, NotFound
 from host._messages import Head, Status, incoming_head, parse_incoming, parse_stored
 from host._recovery import quarantine
 from host._sessions import SessionMethods
@@ -35,33 +33,6 @@ from host._wire import (
 )
 
 log = logging.getLogger("host.turns")
-SCAN_APART = 1 << 16
-"""A snapshot larger than this has its head scanned on a thread while it is written."""
-
-
-_PROOF_DEPTH = 100
-"""Frames a split message's scan runs beneath (see :func:`_proof`)."""
-
-
-async def _result(scan: Future[Head]) -> Head:
-    """The head a scan found (or its error), without a hop when it is already done."""
-    return scan.result() if scan.done() else await asyncio.wrap_future(scan)
-
-
-def _proof(raw: Raw, depth: int = _PROOF_DEPTH) -> Head | None:
-    """The head of a message split off its line, or ``None`` when it is not one JSON value.
-
-    Run ``depth`` frames down: msgspec refuses a value nested deeper than what is left of
-    the interpreter's recursion limit, so on a fresh thread it accepts a few levels more
-    than the whole line's decode does deep in the loop's stack. Beneath these frames it
-    accepts fewer, never more: a message nested that deep is decoded whole instead.
-    """
-    if depth:
-        return _proof(raw, depth - 1)
-    try:
-        return incoming_head(raw)
-    except ParseError:
-        return None
 
 
 class TurnMethods:
@@ -79,55 +50,53 @@ class TurnMethods:
         if prompt is not None and prompt.head.role != "user":
             raise InvalidParams(f"prompt must be a user message, not role {prompt.head.role!r}")
         sid, tid = p.session_id, p.turn_id
-        async with self.store.locks.hold(sid):
-            s = await self.store.open_session(sid)
-            index = self.store.index
-            if index.turn(sid, tid) is not None:  # the same turn again: a no-op ...
-                row = await index.lookup(sid, prompt.id) if prompt else None
-                if prompt is not None and row is None and not await index.has_prompt(sid, tid):
-                    # ... unless its turn has no prompt: the first call died between its
-                    # turn row and its prompt, and answering the retry as a no-op would lie.
-                    line, _ = await self.sessions.append_locked(s, prompt, tid)
-                    await index.prompt_stored(sid, tid)
-                    return BeginTurnResult(turn_id=tid, line=line)
-                return BeginTurnResult(turn_id=tid, line=row.line if row else UNSET)
-            running = await index.running_turn(sid)
-            if running is not None:
-                raise AgentBusy(f"turn {running!r} is running in session {sid!r}", turnId=running)
-            cp = self.read(sid)
-            if cp is not None and cp.turn_id != tid:  # a leftover of an ended turn
-                await self._settle_leftover(sid, wait_completed=False)
-            # The turn is logged with its prompt's id first: a start that finds it running
-            # without that prompt stored forgets it (void), so the call is all or nothing.
-            await self.store.record_turn(sid, tid, "running", prompt.id if prompt else None)
-            if prompt is None:
-                return BeginTurnResult(turn_id=tid)
-            try:
+        s = await self.store.open_session(sid)
+        index = self.store.index
+        if index.turn(sid, tid) is not None:  # the same turn again: a no-op ...
+            row = await index.lookup(sid, prompt.id) if prompt else None
+            if prompt is not None and row is None and not await index.has_prompt(sid, tid):
+                # ... unless its turn has no prompt: the first call died between its
+                # turn row and its prompt, and answering the retry as a no-op would lie.
                 line, _ = await self.sessions.append_locked(s, prompt, tid)
-            except BaseException:
-                await asyncio.shield(self.store.record_turn(sid, tid, "void"))
-                raise
-            await index.prompt_stored(sid, tid)
-            return BeginTurnResult(turn_id=tid, line=line)
+                await index.prompt_stored(sid, tid)
+                return BeginTurnResult(turn_id=tid, line=line)
+            return BeginTurnResult(turn_id=tid, line=row.line if row else UNSET)
+        running = await index.running_turn(sid)
+        if running is not None:
+            raise AgentBusy(f"turn {running!r} is running in session {sid!r}", turnId=running)
+        cp = self.read(sid)
+        if cp is not None and cp.turn_id != tid:  # a leftover of an ended turn
+            await self._settle_leftover(sid, wait_completed=False)
+        # The turn is logged with its prompt's id first: a start that finds it running
+        # without that prompt stored forgets it (void), so the call is all or nothing.
+        await self.store.record_turn(sid, tid, "running", prompt.id if prompt else None)
+        if prompt is None:
+            return BeginTurnResult(turn_id=tid)
+        try:
+            line, _ = await self.sessions.append_locked(s, prompt, tid)
+        except BaseException:
+            await asyncio.shield(self.store.record_turn(sid, tid, "void"))
+            raise
+        await index.prompt_stored(sid, tid)
+        return BeginTurnResult(turn_id=tid, line=line)
 
     async def end_turn(self, p: EndTurnParams) -> EndTurnResult:
         sid, tid = p.session_id, p.turn_id
-        async with self.store.locks.hold(sid):
-            s = await self.store.open_session(sid)
-            status = self.store.index.turn(sid, tid)
-            if status is None:
-                raise NotFound("turn", tid)
-            if status != "running":  # ending an ended turn changes nothing
-                return EndTurnResult(status=status, recovered=False)
-            recovered = False
-            cp = self.read(sid)
-            if p.status in ("completed", "error"):
-                if cp is not None and await self.store.index.lookup(sid, cp.message_id):
-                    await asyncio.to_thread(self.checkpoints.remove, sid)
-            elif p.recover_inflight and cp is not None and cp.turn_id == tid:
-                recovered = await self.promote(s, cp, "aborted") is not None
-            await self.store.record_turn(sid, tid, p.status)
-            return EndTurnResult(status=p.status, recovered=recovered)
+        s = await self.store.open_session(sid)
+        status = self.store.index.turn(sid, tid)
+        if status is None:
+            raise NotFound("turn", tid)
+        if status != "running":  # ending an ended turn changes nothing
+            return EndTurnResult(status=status, recovered=False)
+        recovered = False
+        cp = self.read(sid)
+        if p.status in ("completed", "error"):
+            if cp is not None and await self.store.index.lookup(sid, cp.message_id):
+                await asyncio.to_thread(self.checkpoints.remove, sid)
+        elif p.recover_inflight and cp is not None and cp.turn_id == tid:
+            recovered = await self.promote(s, cp, "aborted") is not None
+        await self.store.record_turn(sid, tid, p.status)
+        return EndTurnResult(status=p.status, recovered=recovered)
 
     async def settle_for_cut(self, s: OpenSession) -> None:
         """Before a cut (ADR 0216): end a running turn ``aborted`` and settle any checkpoint.
@@ -153,102 +122,26 @@ class TurnMethods:
     async def save_inflight(self, p: SaveInflightParams) -> SavedResult:
         """Replace the session's checkpoint with ``p.message`` (ADR 0153).
 
-        While fsyncs are fast the write runs on the loop, and for a big snapshot before its
-        head is known: the message's second JSON scan (the envelope's proved it is JSON, the
-        head's finds its id) runs on a thread while the loop's synced write, which holds no
-        GIL, flushes the bytes into the spare. Only then is the head checked and the spare
-        swapped in; a snapshot that fails a check leaves the spare, which nothing reads.
-        (:meth:`save_now` saves the first scan too, when it can.)
+        The file's bytes are the message's own, framed (no copy to encode them), written
+        durably into the spare and swapped in: on the loop while fsyncs are fast and it
+        is up to 1 MiB, as an append's (:meth:`Store.durably`).
         """
         sid, store = p.session_id, self.store
-        inline = store.can_write_now(len(p.message))
-        scan = None
-        if inline and len(p.message) > SCAN_APART:
-            scan = store.scans.submit(incoming_head, p.message)
-        head = incoming_head(p.message) if scan is None else None
-        async with store.locks.hold(sid):
-            filled = False
-            try:
-                s = await store.open_session(sid)
-                try:
-                    old = self.checkpoints.ids(sid)
-                except ValueError:
-                    self.read(sid)  # quarantines the corrupt file
-                    old = None
-                ours = old is None or old[0] == p.turn_id
-                if scan is not None and ours:
-                    with store.fsyncs.timed():
-                        self.checkpoints.fill(sid, p.turn_id, p.message)
-                    filled = True
-            finally:
-                if scan is not None:  # even after a failure: a bad message is INVALID_PARAMS
-                    head = await _result(scan)
-            assert head is not None
-            if self._late(sid, head):
-                return SavedResult(saved=False)
-            if not ours:
-                assert old is not None
-                if store.index.turn(sid, old[0]) == "running":
-                    return await self._beside_running(s, p)
-                await self._settle_leftover(sid, wait_completed=False)  # never overwrite one
-            if filled:
-                self.checkpoints.install(sid, p.turn_id, head.id)
-            elif inline:
-                with store.fsyncs.timed():
-                    self.checkpoints.save(sid, p.turn_id, head.id, p.message)
-            else:
-                await asyncio.to_thread(self.checkpoints.save, sid, p.turn_id, head.id, p.message)
-            store.count("checkpoints.saved")
-            return SavedResult(saved=True)
-
-    def save_now(self, p: SaveInflightParams) -> SavedResult | None:
-        """``saveInflightMessage`` of a message split off its line, done at once (``None``:
-        the line is decoded whole and takes the awaited way).
-
-        The endpoint has not scanned the message (``host._endpoint._split``): the scan
-        thread proves it JSON and finds its head while the loop writes it into the spare,
-        so a 1 MB snapshot is scanned once, beside its write. Only for what a streaming
-        reply does over and over: its session open and idle, the checkpoint in the file
-        its own turn's (or none, and known without a read), fsyncs fast, a message over
-        64 KiB (``SCAN_APART``) and up to 1 MiB. So nothing but the spare, which nothing
-        reads, is touched before the message is known to be JSON; one that is not gets
-        ``None``, and the answer the whole line gets.
-        """
-        store, sid, size = self.store, p.session_id, len(p.message)
-        if store.idle_session(sid) is None or not self.checkpoints.knows(sid):
-            return None
-        old = self.checkpoints.ids(sid)
-        if (old is not None and old[0] != p.turn_id) or not store.can_write_now(size):
-            return None
-        if size <= SCAN_APART:  # the awaited way scans it first, and times the whole save
-            return None
-        # The scan starts once the spare is open, right before the write that holds no GIL:
-        # started sooner, it takes the GIL while the loop is in open() and keeps it for
-        # the whole scan, and the write waits for it.
-        scans: list[Future[Head | None]] = []
-        t0 = time.perf_counter()
+        head = incoming_head(p.message)
+        s = await store.open_session(sid)
         try:
-            self.checkpoints.fill(
-                sid,
-                p.turn_id,
-                p.message,
-                lambda: scans.append(store.scans.submit(_proof, p.message)),
-            )
-        except BaseException:
-            head = scans[0].result() if scans else _proof(p.message)
-            if head is None:  # not JSON: that is the answer, not the failed write
-                return None
-            raise
-        took = time.perf_counter() - t0
-        scan = scans[0]  # begun before the write: as good as done
-        if scan.exception() is None and scan.result() is None:
-            return None  # not JSON: the awaited way would not have written it
-        store.fsyncs.note(took)  # as the awaited way times its write
-        head = scan.result()  # or the head's error
-        assert head is not None
+            old = self.checkpoints.ids(sid)
+        except ValueError:
+            self.read(sid)  # quarantines the corrupt file
+            old = None
         if self._late(sid, head):
             return SavedResult(saved=False)
-        self.checkpoints.install(sid, p.turn_id, head.id)
+        if old is not None and old[0] != p.turn_id:
+            if store.index.turn(sid, old[0]) == "running":
+                return await self._beside_running(s, p)
+            await self._settle_leftover(sid, wait_completed=False)  # never overwrite one
+        save = self.checkpoints.save
+        await store.durably(len(p.message), save, sid, p.turn_id, head.id, p.message)
         store.count("checkpoints.saved")
         return SavedResult(saved=True)
 

@@ -51,7 +51,7 @@ def line(method: str, params: dict[str, Any], rid: Any = None) -> bytes:
 async def opened(tmp_path: Path) -> AsyncIterator[tuple[Host, Connection, FakeWriter]]:
     async with Host.open(str(tmp_path / "data")) as host:
         writer = FakeWriter()
-        conn = Connection(host.handlers, host.stats, writer)
+        conn = Connection(host, host.stats, writer)
         conn.feed(line("handshake", {"protocolVersion": 11}, 0))
         conn.feed(line("session.create", {"sessionId": "s"}, "create"))
         await conn.finish()
