@@ -183,12 +183,12 @@ _UNREADABLE = {"id": "?", "role": "?", "content": "<unreadable line>"}
 
 
 def _message(raw: bytes) -> dict[str, Any]:
-    """A stored line as a dict to show (a placeholder when it is none)."""
+    """A stored line as a dict to show (a placeholder when it is none: a copy of its own)."""
     try:
         value = json.loads(raw)  # not msgspec: a number past 64 bits is still shown
     except (ValueError, RecursionError):
-        return _UNREADABLE
-    return value if isinstance(value, dict) else _UNREADABLE
+        return dict(_UNREADABLE)
+    return value if isinstance(value, dict) else dict(_UNREADABLE)
 
 
 def _count_lines(path: str) -> int:
