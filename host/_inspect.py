@@ -183,12 +183,12 @@ _UNREADABLE = {"id": "?", "role": "?", "content": "<unreadable line>"}
 
 
 def _message(raw: bytes) -> dict[str, Any]:
-    """A stored line as a dict to show (a placeholder when it is none)."""
+    """A stored line as a dict to show (a placeholder when it is none: a copy of its own)."""
     try:
         value = json.loads(raw)  # not msgspec: a number past 64 bits is still shown
     except (ValueError, RecursionError):
-        return _UNREADABLE
-    return value if isinstance(value, dict) else _UNREADABLE
+        return dict(_UNREADABLE)
+    return value if isinstance(value, dict) else dict(_UNREADABLE)
 
 
 def _count_lines(path: str) -> int:
@@ -247,106 +247,135 @@ def inspect(
     ins = Inspector(data_dir, busy_timeout)
     try:
         if session_id is None:
-            sessions = ins.sessions()
-            if as_json:
-                print(json.dumps(sessions, indent=2), file=out)
-                return 0
-            rows = [
-                ["session", "title", "msgs", "bytes", "running turn", "ckpt", "revs", "last write"]
-            ]
-            for s in sessions:
-                rows.append(
-                    [
-                        s["sessionId"],
-                        (s["title"] or "")[:30],
-                        str(s["messages"]),
-                        str(s["bytes"]),
-                        s["runningTurn"] or "-",
-                        "yes" if s["checkpoint"] else "-",
-                        str(s["revisions"]),
-                        s["lastWrite"],
-                    ]
-                )
-            _table(rows, out)
-            print(f"\n{len(sessions)} session(s) in {ins.layout.root}", file=out)
-            return 0
-        sid = check_id(session_id, "sessionId")
-        total = ins.count(sid)
-        end = total if before is None else min(before, total)
-        start = max(0, end - limit)
-        detail: dict[str, Any] = {
-            "sessionId": sid,
-            "totalLines": total,
-            "turns": [
-                {"turnId": t, "status": st, "startedAt": a, "endedAt": b}
-                for t, st, a, b in ins.turns(sid)
-            ],
-            "messages": [
-                {
-                    "line": line,
-                    "id": m.get("id"),
-                    "role": m.get("role"),
-                    "turnId": m.get("turnId"),
-                    "status": m.get("status", "complete"),
-                    "bytes": size,
-                    "text": _first_line(m),
-                    **{k: m[k] for k in ("revisionCount", "activeRevision") if k in m},
-                }
-                for line, m, size in ins.messages(sid, start, end)
-            ],
-            "roots": [{"rootId": r, "revisions": len(revs)} for r, revs in ins.roots(sid).items()],
-            "checkpoint": ins.checkpoint(sid),
-            "quarantinedLines": _count_lines(ins.layout.quarantine(sid)),
-        }
-        if as_json:
-            print(json.dumps(detail, indent=2), file=out)
-            return 0
-        print(f"session {sid}: {total} message(s)\n\nturns", file=out)
-        trows = [["turn", "status", "started", "ended"]]
-        trows += [
-            [t["turnId"], t["status"], t["startedAt"], t["endedAt"] or "-"] for t in detail["turns"]
-        ]
-        _table(trows, out)
-        print(f"\nmessages {start}-{end} of {total} (--limit/--before to page)", file=out)
-        mrows = [["line", "id", "role", "turn", "status", "bytes", "text"]]
-        for m in detail["messages"]:
-            mrows.append(
-                [
-                    str(m["line"]),
-                    str(m["id"]),
-                    str(m["role"]),
-                    str(m["turnId"] or "-"),
-                    str(m["status"]),
-                    str(m["bytes"]),
-                    str(m["text"]),
-                ]
-            )
-        _table(mrows, out)
-        if detail["roots"]:
-            print("\npager roots", file=out)
-            for r in detail["roots"]:
-                print(f"  {r['rootId']}: {r['revisions']} archived revision(s)", file=out)
-        cp = detail["checkpoint"]
-        if cp and "error" in cp:
-            print(f"\ncheckpoint: {cp['error']} {ins.layout.inflight(sid)}", file=out)
-        elif cp:
-            msg = cp.get("message") or {}
-            print(
-                f"\ncheckpoint: message {cp.get('messageId')} of turn {cp.get('turnId')},"
-                f" saved {cp.get('savedAt')}, {len(text_of(msg))} chars: {_first_line(msg)}",
-                file=out,
-            )
+            _show_sessions(ins, as_json, out)
         else:
-            print("\ncheckpoint: none", file=out)
-        if detail["quarantinedLines"]:
-            print(
-                f"quarantined: {detail['quarantinedLines']} line(s) in"
-                f" {ins.layout.quarantine(sid)}",
-                file=out,
-            )
+            sid = check_id(session_id, "sessionId")
+            _show_session(ins, sid, limit, before, as_json, out)
         return 0
     finally:
         ins.close()
+
+
+def _show_sessions(ins: Inspector, as_json: bool, out: TextIO) -> None:
+    """Every session of the data dir: a table, or JSON."""
+    sessions = ins.sessions()
+    if as_json:
+        print(json.dumps(sessions, indent=2), file=out)
+        return
+    header = ["session", "title", "msgs", "bytes", "running turn", "ckpt", "revs", "last write"]
+    _table([header, *map(_session_row, sessions)], out)
+    print(f"\n{len(sessions)} session(s) in {ins.layout.root}", file=out)
+
+
+def _session_row(s: dict[str, Any]) -> list[str]:
+    return [
+        s["sessionId"],
+        (s["title"] or "")[:30],
+        str(s["messages"]),
+        str(s["bytes"]),
+        s["runningTurn"] or "-",
+        "yes" if s["checkpoint"] else "-",
+        str(s["revisions"]),
+        s["lastWrite"],
+    ]
+
+
+def _page(total: int, limit: int, before: int | None) -> tuple[int, int]:
+    """The lines ``[start, end)`` to show: ``limit`` of them, ending at ``before`` or the last."""
+    end = total if before is None else min(before, total)
+    return max(0, end - limit), end
+
+
+def _show_session(
+    ins: Inspector, sid: str, limit: int, before: int | None, as_json: bool, out: TextIO
+) -> None:
+    """One session in detail (a page of its messages): as text, or JSON."""
+    total = ins.count(sid)
+    start, end = _page(total, limit, before)
+    detail = _session_detail(ins, sid, total, start, end)
+    if as_json:
+        print(json.dumps(detail, indent=2), file=out)
+        return
+    print(f"session {sid}: {total} message(s)\n\nturns", file=out)
+    turns = [_turn_row(t) for t in detail["turns"]]
+    _table([["turn", "status", "started", "ended"], *turns], out)
+    print(f"\nmessages {start}-{end} of {total} (--limit/--before to page)", file=out)
+    messages = [_message_row(m) for m in detail["messages"]]
+    _table([["line", "id", "role", "turn", "status", "bytes", "text"], *messages], out)
+    _show_roots(detail["roots"], out)
+    print(_checkpoint_text(detail["checkpoint"], ins.layout.inflight(sid)), file=out)
+    if detail["quarantinedLines"]:
+        print(
+            f"quarantined: {detail['quarantinedLines']} line(s) in {ins.layout.quarantine(sid)}",
+            file=out,
+        )
+
+
+def _session_detail(ins: Inspector, sid: str, total: int, start: int, end: int) -> dict[str, Any]:
+    """What ``inspect --json`` shows of one session, messages ``[start, end)`` of it."""
+    return {
+        "sessionId": sid,
+        "totalLines": total,
+        "turns": [
+            {"turnId": t, "status": st, "startedAt": a, "endedAt": b}
+            for t, st, a, b in ins.turns(sid)
+        ],
+        "messages": [
+            _message_entry(line, m, size) for line, m, size in ins.messages(sid, start, end)
+        ],
+        "roots": [{"rootId": r, "revisions": len(revs)} for r, revs in ins.roots(sid).items()],
+        "checkpoint": ins.checkpoint(sid),
+        "quarantinedLines": _count_lines(ins.layout.quarantine(sid)),
+    }
+
+
+def _message_entry(line: int, m: dict[str, Any], size: int) -> dict[str, Any]:
+    return {
+        "line": line,
+        "id": m.get("id"),
+        "role": m.get("role"),
+        "turnId": m.get("turnId"),
+        "status": m.get("status", "complete"),
+        "bytes": size,
+        "text": _first_line(m),
+        **{k: m[k] for k in ("revisionCount", "activeRevision") if k in m},
+    }
+
+
+def _turn_row(t: dict[str, Any]) -> list[str]:
+    return [t["turnId"], t["status"], t["startedAt"], t["endedAt"] or "-"]
+
+
+def _message_row(m: dict[str, Any]) -> list[str]:
+    return [
+        str(m["line"]),
+        str(m["id"]),
+        str(m["role"]),
+        str(m["turnId"] or "-"),
+        str(m["status"]),
+        str(m["bytes"]),
+        str(m["text"]),
+    ]
+
+
+def _show_roots(roots: list[dict[str, Any]], out: TextIO) -> None:
+    if roots:
+        print("\npager roots", file=out)
+        for r in roots:
+            print(f"  {r['rootId']}: {r['revisions']} archived revision(s)", file=out)
+
+
+def _checkpoint_text(cp: dict[str, Any] | None, path: str) -> str:
+    """The checkpoint line of ``inspect SESSION``: none, unreadable, or what it holds."""
+    if cp and "error" in cp:
+        return f"\ncheckpoint: {cp['error']} {path}"
+    if cp:
+        msg = cp.get("message") or {}
+        return (
+            f"\ncheckpoint: message {cp.get('messageId')} of turn {cp.get('turnId')},"
+            f" saved {cp.get('savedAt')}, {len(text_of(msg))} chars: {_first_line(msg)}"
+        )
+    return "\ncheckpoint: none"
 
 
 def export(
@@ -373,31 +402,43 @@ def export(
         with ins.transcript(sid) as f:
             roots = ins.roots(sid) if with_revisions else {}
             lines = StoredLines(f)
-            if fmt == "jsonl":
-                for line in lines:
-                    out.write(line + b"\n")
-                for root, revs in roots.items():
-                    for rev in revs:
-                        head = json.dumps({"revisionOf": root, "revision": rev.revision})[:-1]
-                        for line in ins.branch(sid, root, rev):
-                            out.write(b'%s, "message": %s}\n' % (head.encode(), line))
-            else:
-                exported = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-                out.write(f"# Session {sid}\n\n_exported {exported}_\n\n".encode())
-                count = 0
-                for line in lines:
-                    count += 1
-                    m = _message(line)
-                    mid = str(m.get("id"))
-                    revs = roots.get(mid, [])
-                    out.write(_markdown(m, [(r.revision, ins.branch(sid, mid, r)) for r in revs]))
-                out.write(f"_{count} message(s)_\n".encode())
+            write = _export_jsonl if fmt == "jsonl" else _export_markdown
+            write(ins, sid, lines, roots, out)
         out.flush()
         if lines.skipped:
             note(f"export: {lines.skipped} line(s) of {sid} are no message: left out")
         return 0
     finally:
         ins.close()
+
+
+def _export_jsonl(
+    ins: Inspector, sid: str, lines: StoredLines, roots: dict[str, list[Revision]], out: BinaryIO
+) -> None:
+    """The stored lines verbatim, then each archived revision's lines tagged with its root."""
+    for line in lines:
+        out.write(line + b"\n")
+    for root, revs in roots.items():
+        for rev in revs:
+            head = json.dumps({"revisionOf": root, "revision": rev.revision})[:-1]
+            for line in ins.branch(sid, root, rev):
+                out.write(b'%s, "message": %s}\n' % (head.encode(), line))
+
+
+def _export_markdown(
+    ins: Inspector, sid: str, lines: StoredLines, roots: dict[str, list[Revision]], out: BinaryIO
+) -> None:
+    """A Markdown document: a section a message, its archived branches quoted under it."""
+    exported = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    out.write(f"# Session {sid}\n\n_exported {exported}_\n\n".encode())
+    count = 0
+    for line in lines:
+        count += 1
+        m = _message(line)
+        mid = str(m.get("id"))
+        revs = roots.get(mid, [])
+        out.write(_markdown(m, [(r.revision, ins.branch(sid, mid, r)) for r in revs]))
+    out.write(f"_{count} message(s)_\n".encode())
 
 
 def _markdown(m: dict[str, Any], branches: list[tuple[int, list[bytes]]]) -> bytes:
