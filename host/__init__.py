@@ -10,8 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from host._platform import UnsupportedPlatform, unsupported
-
-__version__ = "0.1.0"
+from host._version import __version__
 
 __all__ = [
     "MAX_LINE",

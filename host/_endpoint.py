@@ -26,7 +26,6 @@ from typing import Any, Protocol
 import msgspec
 from msgspec import UNSET, Raw, Struct
 
-from host import __version__
 from host._errors import (
     HostError,
     InvalidParams,
@@ -48,6 +47,7 @@ from host._limits import (
 )
 from host._locks import CallState
 from host._surrogates import decode
+from host._version import __version__
 from host._wire import (
     CANCEL,
     DECODERS,

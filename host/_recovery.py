@@ -19,16 +19,28 @@ import stat
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from host._fs import read_regular
-from host._index import Row, SessionRow, now_iso
-from host._layout import SPARE
+from host._fs import FileSystem, read_regular
+from host._index import Index, Row, SessionRow, now_iso
+from host._layout import SPARE, Layout
 from host._messages import Message, pager_json, parse_stored
 from host._transcript import FileStamp, Piece, Transcript, iter_lines
+from host._turnlog import TurnLog
 
-if TYPE_CHECKING:
-    from host._store import Store
+
+class Store(Protocol):
+    """What recovery needs of the store (:class:`host._store.Store` is one): the store
+    builds on recovery, never the other way round."""
+
+    layout: Layout
+    index: Index
+    fs: FileSystem
+    turnlog: TurnLog
+    counters: dict[str, int]
+
+    def count(self, name: str, n: int = 1) -> None: ...
+
 
 log = logging.getLogger("host.recovery")
 

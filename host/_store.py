@@ -34,6 +34,7 @@ from host._layout import Layout, UnsafeFolder
 from host._limits import OPEN_TRANSCRIPTS
 from host._locks import LockTable
 from host._messages import Message, display_capped, pager_json, valid_line
+from host._recovery import reconcile
 from host._transcript import FileStamp, Piece, Rewrite, Transcript
 from host._turnlog import TurnLog, TurnRecord, TurnStatus
 
@@ -177,8 +178,6 @@ class Store:
         if s is not None:
             self._open[session_id] = s  # the most recently used now
             return s
-        from host._recovery import reconcile  # recovery builds on the store
-
         row = await self.index.session(session_id)
         if row is None:
             raise NotFound("session", session_id)
@@ -335,8 +334,6 @@ class Store:
 
     async def _damaged(self, s: OpenSession, line: int) -> None:
         """A line changed on disk behind the host's back: rescan, quarantine, refuse."""
-        from host._recovery import reconcile  # recovery builds on the store
-
         log.error("session %s: line %d is damaged on disk: rescanning", s.session_id, line)
         self.forget(s.session_id)
         await reconcile(self, s.session_id, full=True)
