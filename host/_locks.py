@@ -173,4 +173,4 @@ class LockTable:
     def held(self, key: str) -> bool:
         """Whether a call holds the session now (calls only queued for it do not)."""
         queue = self._queues.get(key)
-        return bool(queue) and queue[0].holds
+        return queue is not None and queue[0].holds
