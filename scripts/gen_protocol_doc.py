@@ -583,7 +583,10 @@ read and the write inside one hold of the lock instead:
   counts (for example `appends`, `appends.deduplicated`, `fsyncs`, `rewrites`,
   `truncations`, `checkpoints.*`, `recovery.*`, `transcripts.closed`,
   `connections.refused`, `rewrites.copyFallbacks`: ranges of a rewrite copied in user space
-  where the kernel's `copy_file_range` refused, 0 on Linux file systems that support it)
+  where the kernel's `copy_file_range` refused, 0 on Linux file systems that support it;
+  `calls.inline`: calls that ended in the read callback that read them, their session
+  idle; `calls.queued`: calls that had to wait for their session, a thread or the index,
+  and went on as a task: the same way either, docs/design.md "One request pipeline")
   and gauges (`sessions.open`, `locks.held`, `connections.paused`, `calls.waiting`,
   `requests.heldBytes`; see [Limits](#limits)); `methods`
   maps each method called to `{count, errors, p50Ms, p99Ms, maxMs}`: counts since start,
