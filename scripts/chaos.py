@@ -364,7 +364,7 @@ class DirectLoad:
             turn, mid, words = self.streaming.get(sid) or (self.fresh("t"), self.fresh("a"), 0)
             words += rng.randint(1, 30)
             if not self.quick and rng.random() < 0.03:  # a long reply: snapshots of 64 KiB+,
-                words += rng.randint(15_000, 120_000)  # written beside their scan (save_now)
+                words += rng.randint(15_000, 120_000)  # big snapshots of a streaming reply
             self.streaming[sid] = (turn, mid, words)
             content = "" if rng.random() < 0.05 else " ".join(["word"] * words)
             msg = {"id": mid, "role": "assistant", "content": content}

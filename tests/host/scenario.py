@@ -130,7 +130,7 @@ OPS["checkpoint-again"] = lambda c: c(
 )
 # Regenerate from the reply still streaming: its checkpoint is promoted, then cut away.
 OPS["regenerate-streaming"] = lambda c: c("session.truncateFrom", sessionId="s", fromMessageId="b3")
-# A snapshot big enough to be written while a thread scans its head (SCAN_APART).
+# A big snapshot (hundreds of KB), as a long streaming reply saves.
 PRE["checkpoint-big"] = _two_snapshots
 OPS["checkpoint-big"] = lambda c: c(
     "session.saveInflightMessage",

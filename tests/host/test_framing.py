@@ -244,29 +244,20 @@ def _send_and_shut(sock: socket.socket, data: bytes) -> None:
     sock.shutdown(socket.SHUT_WR)
 
 
-def test_more_tells_whether_another_whole_line_was_read_behind() -> None:
-    # The endpoint does a call at once only when no line follows it in the same read, so
-    # that the lines of a backlog still queue together and share one fsync.
-    seen: list[tuple[bytes, bool]] = []
-    reader = LineReader(lambda line: seen.append((line, reader.more())))  # type: ignore[arg-type]
+def test_the_end_of_each_read_is_told_after_its_lines() -> None:
+    # The endpoint queues a read's lines and starts them at the end of the read, so the
+    # lines of a backlog read together are queued together and share one fsync.
+    seen: list[bytes | str] = []
+    reader = LineReader(seen.append)  # type: ignore[arg-type]
+    reader.on_read_end = lambda: seen.append("end")
     _read_into(reader, b"a\nb\nc\nd")
-    assert seen == [(b"a", True), (b"b", True), (b"c", False)]
+    assert seen == [b"a", b"b", b"c", "end"]
     _read_into(reader, b"\n")
-    assert seen[-1] == (b"d", False)
-    assert not reader.more()
-
-
-def test_a_read_that_filled_its_room_may_have_more_behind_it() -> None:
-    # uvloop reads again in the same pass when a read filled the buffer it was given, so
-    # the next line may be fed before a task created for this one runs.
-    seen: list[tuple[bytes, bool]] = []
-    reader = LineReader(lambda line: seen.append((line, reader.more())))  # type: ignore[arg-type]
-    with reader.get_buffer(-1) as room:
-        size = len(room)
-        room[:] = b"x" * (size - 1) + b"\n"
-    reader.buffer_updated(size)
-    assert seen == [(b"x" * (size - 1), True)]
-    # A thread feeding a file: a full chunk may have another queued behind it.
-    reader.data_received(b"y" * (CHUNK - 1) + b"\n")
-    reader.data_received(b"z\n")
-    assert seen[1:] == [(b"y" * (CHUNK - 1), True), (b"z", False)]
+    assert seen[-2:] == [b"d", "end"]
+    reader.data_received(b"y" * (CHUNK - 1) + b"\nz\n")  # a thread feeding a file
+    assert seen[-3:] == [b"y" * (CHUNK - 1), b"z", "end"]
+    reader.pause()
+    _read_into(reader, b"p\n")
+    assert seen[-1] == "end"  # held back while paused: handed on, and ended, on resume
+    reader.resume()
+    assert seen[-2:] == [b"p", "end"]
