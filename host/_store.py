@@ -115,14 +115,10 @@ class FsyncPolicy:
 
     @contextlib.contextmanager
     def timed(self) -> Iterator[None]:
-        """Count the durable write in the block."""
+        """Count the durable write in the block in the moving average."""
         t0 = time.perf_counter()
         yield
-        self.note(time.perf_counter() - t0)
-
-    def note(self, seconds: float) -> None:
-        """Count a durable write that took ``seconds``."""
-        self.average += (seconds - self.average) / 8
+        self.average += (time.perf_counter() - t0 - self.average) / 8
 
 
 class Store:
