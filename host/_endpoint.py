@@ -353,12 +353,24 @@ class Connection:
             if not items:
                 return _error(None, InvalidRequest("empty batch").to_object())
             tally = _Tally()
-            return _Batch([self._request(bytes(i), reply=False, tally=tally) for i in items])
+            return _Batch([self._element(bytes(i), tally) for i in items])
         if first == b"{":
             return self._request(line, reply=True)
         decode(_RAW, line)  # JSON, but not a request: tell the two apart
         err = InvalidRequest("a request must be a JSON object or a batch array")
         return _error(None, err.to_object())
+
+    def _element(self, item: bytes, tally: _Tally) -> _Call | bytes | None:
+        """One element of a batch: its call, or its own answer.
+
+        An element its decoders refuse although the batch decoded (nested too deep for
+        the few frames more they run beneath) is answered on its own: raised, it would
+        drop the elements before it, already queued on their sessions, for good.
+        """
+        try:
+            return self._request(item, reply=False, tally=tally)
+        except (msgspec.DecodeError, RecursionError) as exc:
+            return _error(None, ParseError(f"parse error: {exc}").to_object())
 
     def _request(
         self, item: bytes, *, reply: bool, tally: _Tally | None = None

@@ -108,10 +108,11 @@ class LockTable:
         return self._queues[key]
 
     @contextlib.asynccontextmanager
-    async def hold(self, key: str) -> AsyncIterator[Ticket]:
+    async def hold(self, key: str, call: CallState | None = None) -> AsyncIterator[Ticket]:
         """Hold a session for work of the host's own (start-up, ``recoverInflightMessages``),
-        queued behind every call already read for it."""
-        ticket = self.enqueue(key)
+        queued behind every call already read for it. ``call``: the call doing it, which
+        counts as started once it holds the session (a cancel no longer stops it)."""
+        ticket = self.enqueue(key, call)
         try:
             await ticket.wait()
             yield ticket
