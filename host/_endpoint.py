@@ -245,7 +245,7 @@ class Connection:
         self._flushing: asyncio.Handle | None = None
         self.closed = False
         self._held = 0  # request bytes of the lines whose calls are in flight
-        self._gate: deque[tuple[asyncio.Future[None], bool]] = deque()  # calls waiting
+        self._gate: deque[tuple[asyncio.Future[None], bool, CallState]] = deque()  # waiting
         self._big = 0  # calls of big_results running (0 or 1)
         self._writer_paused = False  # the client leaves ANSWERS_WAITING bytes unread
         self._pausing = False  # this connection's flow control paused its reader
@@ -353,12 +353,24 @@ class Connection:
             if not items:
                 return _error(None, InvalidRequest("empty batch").to_object())
             tally = _Tally()
-            return _Batch([self._request(bytes(i), reply=False, tally=tally) for i in items])
+            return _Batch([self._element(bytes(i), tally) for i in items])
         if first == b"{":
             return self._request(line, reply=True)
         decode(_RAW, line)  # JSON, but not a request: tell the two apart
         err = InvalidRequest("a request must be a JSON object or a batch array")
         return _error(None, err.to_object())
+
+    def _element(self, item: bytes, tally: _Tally) -> _Call | bytes | None:
+        """One element of a batch: its call, or its own answer.
+
+        An element its decoders refuse although the batch decoded (nested too deep for
+        the few frames more they run beneath) is answered on its own: raised, it would
+        drop the elements before it, already queued on their sessions, for good.
+        """
+        try:
+            return self._request(item, reply=False, tally=tally)
+        except (msgspec.DecodeError, RecursionError) as exc:
+            return _error(None, ParseError(f"parse error: {exc}").to_object())
 
     def _request(
         self, item: bytes, *, reply: bool, tally: _Tally | None = None
@@ -493,7 +505,7 @@ class Connection:
             try:
                 if state.cancel_requested:
                     raise asyncio.CancelledError("$/cancelRequest")
-                await self._admit(big)
+                await self._admit(big, state)
                 admitted = True
                 t0 = time.perf_counter()
                 body, ok = await self._answer(call, big)
@@ -569,19 +581,21 @@ class Connection:
 
     # -- flow control ---------------------------------------------------------------
 
-    async def _admit(self, big: bool) -> None:
+    async def _admit(self, big: bool, state: CallState) -> None:
         """Wait, in arrival order, until this call may start.
 
         Calls start while the client takes its answers (the writer is not paused), and
         one of :attr:`big_results` at a time: its answer, which its request does not
         bound, is with the writer before the next is made. A client that stops reading
-        stops its own calls, never another connection's (no lock is held here).
+        stops its own calls, never another connection's: a call waiting here is out of
+        its session queues (:meth:`CallState.step_out`), and back in, last, once let in.
         """
         if not self._gate and self._may_start(big):
             self._big += big
             return
-        entry = (asyncio.get_running_loop().create_future(), big)
+        entry = (asyncio.get_running_loop().create_future(), big, state)
         self._gate.append(entry)
+        state.step_out()
         self.stats.waiting += 1
         try:
             await entry[0]
@@ -606,7 +620,7 @@ class Connection:
     def _open_gate(self) -> None:
         """Let the calls at the head of the gate start, in order, while they may."""
         while self._gate:
-            fut, big = self._gate[0]
+            fut, big, state = self._gate[0]
             if fut.done():  # cancelled while waiting
                 self._gate.popleft()
                 continue
@@ -614,6 +628,7 @@ class Connection:
                 return
             self._gate.popleft()
             self._big += big
+            state.step_in()  # now, before any call read later is queued
             fut.set_result(None)
 
     def writer_paused(self, paused: bool) -> None:

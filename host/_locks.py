@@ -33,6 +33,18 @@ class CallState:
     task: asyncio.Task[object] | None = field(default=None, repr=False)
     tickets: list[Ticket] = field(default_factory=list, repr=False)
 
+    def step_out(self) -> None:
+        """Leave the queues while the call waits for its client to read (its connection's
+        gate holds it): a client that stops reading holds up no other. Every later call
+        of its connection waits there behind it, so none of them passes it."""
+        for t in self.tickets:
+            t.table.step_out(t)
+
+    def step_in(self) -> None:
+        """Take places in the queues again, at their tails, once the gate lets it start."""
+        for t in self.tickets:
+            t.table.step_in(t)
+
     def end(self) -> None:
         """The call is over, however it ended: its places in the queues are given up."""
         for t in self.tickets:
@@ -53,6 +65,7 @@ class Ticket:
     gone: bool = False  # left the queue (or its work was done by the holder ahead of it)
     done: bool = False  # its work was done by the holder ahead of it
     holds: bool = False  # at the head, and its call has begun to work on the session
+    out: bool = False  # stepped out while its call waits at its connection's gate
 
     async def wait(self) -> None:
         """Return once this ticket holds its session (or its work is done).
@@ -108,10 +121,11 @@ class LockTable:
         return self._queues[key]
 
     @contextlib.asynccontextmanager
-    async def hold(self, key: str) -> AsyncIterator[Ticket]:
+    async def hold(self, key: str, call: CallState | None = None) -> AsyncIterator[Ticket]:
         """Hold a session for work of the host's own (start-up, ``recoverInflightMessages``),
-        queued behind every call already read for it."""
-        ticket = self.enqueue(key)
+        queued behind every call already read for it. ``call``: the call doing it, which
+        counts as started once it holds the session (a cancel no longer stops it)."""
+        ticket = self.enqueue(key, call)
         try:
             await ticket.wait()
             yield ticket
@@ -128,6 +142,21 @@ class LockTable:
             _wake(queue[0])
         if ticket.holds and self.on_free is not None:
             self.on_free(ticket.key)
+
+    def step_out(self, ticket: Ticket) -> None:
+        """Take a ticket out of its queue until :meth:`step_in` (``gone`` meanwhile)."""
+        if not ticket.gone:
+            self._leave(ticket)
+            ticket.out = True
+
+    def step_in(self, ticket: Ticket) -> None:
+        """Put a ticket taken out back in its queue, last."""
+        if ticket.out:
+            ticket.out = ticket.gone = False
+            queue = self._queues.get(ticket.key)
+            if queue is None:
+                queue = self._queues[ticket.key] = deque()
+            queue.append(ticket)
 
     def followers(
         self, ticket: Ticket, limit: int, take: Callable[[Any], Any | None]

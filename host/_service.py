@@ -101,6 +101,8 @@ class Host:
         if isinstance(params, CreateParams) and not isinstance(params.session_id, str):
             params = structs.replace(params, session_id=uuid.uuid4().hex)
         sid = getattr(params, "session_id", None)
+        if method == "session.recoverInflightMessages":  # holds each session in turn
+            return self.turns.recover_inflight(params, call)
         if not isinstance(sid, str):
             return handler(params)
         locks = self.store.locks

@@ -16,6 +16,7 @@ from msgspec import UNSET, Raw
 
 from host._checkpoints import Checkpoint
 from host._errors import AgentBusy, InvalidParams, NotFound
+from host._locks import CallState
 from host._messages import Head, Status, incoming_head, parse_incoming, parse_stored
 from host._recovery import quarantine
 from host._sessions import SessionMethods
@@ -205,10 +206,14 @@ class TurnMethods:
         self.store.count("checkpoints.promoted")
         return RecoveredRow(session_id=sid, message_id=msg.id, turn_id=cp.turn_id, status=status)
 
-    async def recover_inflight(self, p: EmptyParams) -> RecoverResult:
+    async def recover_inflight(
+        self, p: EmptyParams, call: CallState | None = None
+    ) -> RecoverResult:
+        """Settle every session's leftover checkpoint, each under its session's lock;
+        ``call`` counts as started from the first (docs/protocol.md, Cancellation)."""
         out: list[RecoveredRow] = []
         for sid in sorted(self.checkpoints.present):
-            async with self.store.locks.hold(sid):
+            async with self.store.locks.hold(sid, call):
                 row = await self._settle_leftover(sid, wait_completed=False)
                 if row is not None:
                     out.append(row)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,8 @@ class FakeWriter:
         out = {}
         for line in bytes(self.data).split(b"\n")[:-1]:
             reply = json.loads(line)
-            out[reply["id"]] = reply
+            for one in reply if isinstance(reply, list) else [reply]:  # a batch's answers
+                out[one["id"]] = one
         return out
 
 
@@ -225,3 +227,84 @@ async def test_a_call_waiting_for_its_client_to_read_is_cancelled_and_others_go_
 
 def _m(mid: str) -> dict[str, Any]:
     return {"id": mid, "role": "user", "content": "x"}
+
+
+async def test_a_batch_element_nested_too_deep_leaves_no_call_of_it_queued(
+    opened: tuple[Host, Connection, FakeWriter],
+) -> None:
+    """A batch decodes its elements as raw values; each element is then decoded a few
+    frames deeper, where msgspec's recursion bound (the interpreter's) is a few levels
+    lower. An element nested just past it raised out of the whole line after the
+    elements before it were queued on their sessions: they never ran, never left their
+    queues, and the session answered nothing ever again. Every depth around the bound
+    is tried: the window is a few levels wide, wherever the stack is."""
+    host, conn, writer = opened
+    limit = sys.getrecursionlimit()
+    ran = 0
+    for n in range(limit + 10, limit - 300, -1):  # down to where every element decodes
+        deep = {"id": f"d{n}", "role": "user", "content": "x"}
+        first = line("session.appendMessage", {"sessionId": "s", "message": _m(f"a{n}")}, n)
+        second = line("session.appendMessage", {"sessionId": "s", "message": deep}, f"d{n}")
+        second = second.replace(b'"x"', b"[" * n + b"]" * n)
+        conn.feed(b"[" + first + b"," + second + b"]")
+        conn.feed(line("session.get", {"sessionId": "s", "limit": 1}, f"probe{n}"))
+        await asyncio.wait_for(conn.finish(), 10)  # a queued call never run: forever
+        assert host.store.locks.users("s") == 0, n
+        replies = writer.replies()
+        assert f"probe{n}" in replies, n
+        if n in replies:  # else the batch itself was too deep: one error, nothing queued
+            assert replies[n]["result"]["appended"] is True, n  # it ran, and answered
+            ran += 1
+            if f"d{n}" in replies:
+                break  # the deep element decodes too: past the window
+    assert ran
+    assert conn.calls == {}
+
+
+async def test_recover_inflight_is_started_once_it_holds_a_session(
+    opened: tuple[Host, Connection, FakeWriter],
+) -> None:
+    """``recoverInflightMessages`` takes each session's lock in turn and counts as started
+    from the first (docs/protocol.md, Cancellation): a cancel then leaves it to finish.
+    Its locks were taken with no call, so it never counted as started, and a cancel
+    could stop it between any two of its writes (a checkpoint promoted, its turn still
+    running) and answer REQUEST_CANCELLED "before it started"."""
+    host, conn, writer = opened
+    conn.feed(line("session.beginTurn", {"sessionId": "s", "turnId": "t1", "prompt": _m("p")}, 1))
+    partial = {"id": "r1", "role": "assistant", "content": "half a reply"}
+    save = {"sessionId": "s", "turnId": "t1", "message": partial}
+    conn.feed(line("session.saveInflightMessage", save, 2))
+    await conn.finish()
+    assert writer.replies()[2]["result"] == {"saved": True}
+    conn.feed(line("session.recoverInflightMessages", {}, "rec"))
+    assert host.store.locks.held("s")  # it holds s, waiting on the index
+    conn.feed(line("$/cancelRequest", {"id": "rec"}))
+    await conn.finish()
+    assert writer.replies()["rec"]["result"]["recovered"] == [
+        {"sessionId": "s", "messageId": "r1", "turnId": "t1", "status": "aborted"}
+    ]
+    conn.feed(line("session.beginTurn", {"sessionId": "s", "turnId": "t2"}, 3))
+    await conn.finish()
+    assert writer.replies()[3]["result"] == {"turnId": "t2"}
+
+
+async def test_a_call_waiting_for_its_client_to_read_does_not_hold_up_other_clients(
+    opened: tuple[Host, Connection, FakeWriter],
+) -> None:
+    """A call waiting at its connection's gate (its client leaves answers unread) holds no
+    lock (docs/design.md, "Answers a client does not read"): a client that stops reading
+    stops only itself. Its ticket now joins the session's queue at read time, before the
+    gate, so it held the session against every other connection until its client read."""
+    host, conn, _writer = opened
+    other_writer = FakeWriter()
+    other = Connection(host, host.stats, other_writer)
+    other.feed(line("handshake", {"protocolVersion": 11}, 0))
+    conn.writer_paused(True)  # this client reads nothing
+    conn.feed(line("session.appendMessage", {"sessionId": "s", "message": _m("a")}, "a"))
+    other.feed(line("session.appendMessage", {"sessionId": "s", "message": _m("b")}, "b"))
+    try:
+        await asyncio.wait_for(asyncio.shield(other.finish()), 5)
+    finally:
+        conn.writer_paused(False)
+        await other.finish()
+    assert other_writer.replies()["b"]["result"] == {"line": 0, "appended": True}
