@@ -47,8 +47,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from host._errors import HostError
 from host._verify import verify
+from tests.conftest import RpcError
 from tests.host.inproc import Client, Crash, CrashingFileSystem, msg, open_host
 
 # A small id space, so that replays, dedup and collisions happen all the time.
@@ -511,8 +511,8 @@ class Machine(RuleBasedStateMachine):
     async def host_call(self, client: Client, method: str, params: dict[str, Any]) -> Any:
         try:
             return await client(method, **params)
-        except HostError as exc:
-            return {"error": exc.to_object()["data"]["code"]}
+        except RpcError as exc:
+            return {"error": exc.name}
 
     def predict(self, method: str, params: dict[str, Any]) -> tuple[Model, Any]:
         after = copy.deepcopy(self.model)

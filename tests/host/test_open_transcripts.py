@@ -11,16 +11,15 @@ import asyncio
 import os
 from pathlib import Path
 
-from host import Host
 from host._limits import Limits
 from host._messages import parse_incoming
 from host._store import NewLine
-from tests.host.inproc import Client, msg
+from tests.host.inproc import msg, open_host
 
 
 async def test_only_idle_transcripts_are_closed_and_any_is_reopened(tmp_path: Path) -> None:
-    async with Host.open(str(tmp_path / "d"), limits=Limits(open_transcripts=4)) as host:
-        call = Client(host)
+    async with open_host(str(tmp_path / "d"), limits=Limits(open_transcripts=4)) as call:
+        host = call.host
         for i in range(10):
             await call("session.create", sessionId=f"s{i}")
             await call("session.appendMessage", sessionId=f"s{i}", message=msg(f"m{i}", "user"))
@@ -47,8 +46,8 @@ async def test_only_idle_transcripts_are_closed_and_any_is_reopened(tmp_path: Pa
 async def test_calls_on_more_sessions_than_the_bound_wait_their_turn(tmp_path: Path) -> None:
     """One client pipelining reads of 250 sessions at once had every one of them busy,
     so none could be closed: 250 descriptors. The calls past the bound wait for one."""
-    async with Host.open(str(tmp_path / "d"), limits=Limits(open_transcripts=4)) as host:
-        call = Client(host)
+    async with open_host(str(tmp_path / "d"), limits=Limits(open_transcripts=4)) as call:
+        host = call.host
         for i in range(40):
             await call("session.create", sessionId=f"s{i}")
             await call("session.appendMessage", sessionId=f"s{i}", message=msg(f"m{i}", "user"))
