@@ -168,9 +168,15 @@ class _Edge:
         self.closed = False
 
     def write(self, data: bytes) -> None:
+        """Take bytes the connection wrote; each whole line reaches the client later.
+
+        Not before the loop's next pass, as over a pipe or a socket: by then the task that
+        answered is done, so the next call finds the connection as a real client would.
+        """
         *lines, self._partial = (self._partial + data).split(b"\n")
+        loop = asyncio.get_running_loop()
         for line in lines:
-            self._dispatch(json.loads(line))
+            loop.call_soon(self._dispatch, json.loads(line))
 
     def _dispatch(self, answer: Any) -> None:
         if isinstance(answer, list):
