@@ -257,7 +257,7 @@ class Client:
         self.lines = LineReader()
         self.edge = _Edge()
         self.conn = connect(host, self.lines, self.edge)
-        self.conn.tasks = _Watched(self._ended)
+        self.conn.tasks = self._watched = _Watched(self._ended)
         self.crashed: BaseException | None = None
         """What ended the "process" (a :class:`Crash`), or a task's unexpected exception."""
         self._ids = itertools.count(1)
@@ -294,6 +294,8 @@ class Client:
             raise self.crashed
         if self._serving is None or self._serving.done():
             raise ConnectionError("the connection is not served")
+        # a call the connection ran outside its ``tasks`` could die unseen: a hang, not Crash
+        assert self.conn.tasks is self._watched, "Connection.tasks was replaced"
         try:
             self.lines.data_received(data)
         except BaseException as exc:  # the call ran in the read callback, and died

@@ -1,7 +1,8 @@
 """A state machine against a plain in-memory model of the host (issue 6).
 
-Hypothesis drives one real in-process host (``tests/host/inproc.py``) and a model made of
-lists and dicts through the same calls: sessions, appends (replays deduplicated), updates,
+Hypothesis drives one real in-process host (``tests/host/inproc.py``: every call sent as a
+JSON-RPC line through the host's endpoint) and a model made of lists and dicts through the
+same calls: sessions, appends (replays deduplicated), updates,
 deletes, turns, checkpoints, ``saveActiveRevision``, ``truncateFrom`` (regenerate,
 edit-resend, count fallback), ``activateRevision``, ``recoverInflightMessages``, restarts,
 and crashes at the Nth file operation of one write followed by a restart. Every answer
