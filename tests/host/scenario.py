@@ -12,8 +12,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from host._errors import HostError
 from host._verify import verify
+from tests.conftest import RpcError
 from tests.host.inproc import Client, msg, open_host
 
 Op = Callable[[Client], Awaitable[Any]]
@@ -44,8 +44,8 @@ async def state(data: str) -> Any:
         await call("session.recoverInflightMessages")  # the connect sequence
         try:
             page = await call("session.get", sessionId="s")
-        except HostError as exc:
-            assert exc.to_object()["data"]["code"] == "NOT_FOUND", exc
+        except RpcError as exc:
+            assert exc.name == "NOT_FOUND", exc
             return None, orphans
         revs = {
             root: await call(
@@ -63,8 +63,8 @@ async def state(data: str) -> Any:
             try:
                 got = await call("session.endTurn", sessionId="s", turnId=tid, status="error")
                 turns[tid] = got["status"]
-            except HostError as exc:
-                assert exc.to_object()["data"]["code"] == "NOT_FOUND", exc
+            except RpcError as exc:
+                assert exc.name == "NOT_FOUND", exc
     report = io.StringIO()
     assert await verify(data, out=report) == 0, report.getvalue()
     temp = (".tmp", ".intent.json", ".inflight.spare")

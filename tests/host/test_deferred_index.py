@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from host import FileSystem
-from host._errors import to_error_object
+from tests.conftest import RpcError
 from tests.host.inproc import msg, open_host
 
 
@@ -44,11 +44,11 @@ def index_ids(data: Path, sid: str) -> list[str]:
 
 
 async def fails(aw: Awaitable[Any]) -> str:
-    """The error code the endpoint would answer for ``aw``."""
+    """The error code the endpoint answered ``aw`` with."""
     try:
         await aw
-    except Exception as exc:
-        return str(to_error_object(exc)["data"]["code"])
+    except RpcError as exc:
+        return str(exc.name)
     raise AssertionError("the call did not fail")
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from host._errors import to_error_object
+from tests.conftest import RpcError
 from tests.host.inproc import Client, FaultyFileSystem, full_disk, open_host
 from tests.host.scenario import OPS, PRE, Op, prepare, state
 
@@ -65,8 +65,8 @@ async def _failed(name: str, data: str, fs: FaultyFileSystem, then: Op | None = 
         try:
             await op(call)
             failed = False
-        except Exception as exc:  # what the endpoint would answer
-            assert to_error_object(exc)["data"]["code"] == "STORAGE_ERROR", exc
+        except RpcError as exc:
+            assert exc.name == "STORAGE_ERROR", exc
             failed = True
         fs.armed = False
         if then is not None:

@@ -1,7 +1,8 @@
 """A state machine against a plain in-memory model of the host (issue 6).
 
-Hypothesis drives one real in-process host (``tests/host/inproc.py``) and a model made of
-lists and dicts through the same calls: sessions, appends (replays deduplicated), updates,
+Hypothesis drives one real in-process host (``tests/host/inproc.py``: every call sent as a
+JSON-RPC line through the host's endpoint) and a model made of lists and dicts through the
+same calls: sessions, appends (replays deduplicated), updates,
 deletes, turns, checkpoints, ``saveActiveRevision``, ``truncateFrom`` (regenerate,
 edit-resend, count fallback), ``activateRevision``, ``recoverInflightMessages``, restarts,
 and crashes at the Nth file operation of one write followed by a restart. Every answer
@@ -47,8 +48,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from host._errors import HostError
 from host._verify import verify
+from tests.conftest import RpcError
 from tests.host.inproc import Client, Crash, CrashingFileSystem, msg, open_host
 
 # A small id space, so that replays, dedup and collisions happen all the time.
@@ -511,8 +512,8 @@ class Machine(RuleBasedStateMachine):
     async def host_call(self, client: Client, method: str, params: dict[str, Any]) -> Any:
         try:
             return await client(method, **params)
-        except HostError as exc:
-            return {"error": exc.to_object()["data"]["code"]}
+        except RpcError as exc:
+            return {"error": exc.name}
 
     def predict(self, method: str, params: dict[str, Any]) -> tuple[Model, Any]:
         after = copy.deepcopy(self.model)

@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from host._errors import HostError
 from host._verify import verify
+from tests.conftest import RpcError
 from tests.host.inproc import Client, msg, open_host
 from tests.host.powerloss import PowerLossFileSystem
 
@@ -67,8 +67,8 @@ async def _state(call: Client) -> Any:
             try:
                 got = await call("session.endTurn", sessionId=sid, turnId=tid, status="completed")
                 turns[tid] = got["status"]
-            except HostError as exc:
-                assert exc.to_object()["data"]["code"] == "NOT_FOUND", exc
+            except RpcError as exc:
+                assert exc.name == "NOT_FOUND", exc
         msgs = [(m["id"], m.get("status"), m.get("content")) for m in page["messages"]]
         out[sid] = msgs, turns
     return out

@@ -25,6 +25,7 @@ import pytest
 
 from host import FileSystem
 from host._fs import Buffer
+from tests.conftest import RpcError
 from tests.host.inproc import Client, Crash, msg, open_host
 from tests.host.powerloss import PowerLossFileSystem
 
@@ -146,8 +147,9 @@ async def test_a_save_after_a_failed_folder_fsync_keeps_a_whole_one(tmp_path: Pa
     async with open_host(data, fs) as call:
         await two_answered(call, fs)
         fs.eio_after_fsync_dir = True
-        with pytest.raises(OSError):
-            await save(call, 3)  # STORAGE_ERROR (mapped by the endpoint): swapped back, unsynced
+        with pytest.raises(RpcError) as failed:
+            await save(call, 3)  # swapped back, unsynced
+        assert failed.value.name == "STORAGE_ERROR"
         fs.cut_after_write = True
         with pytest.raises(Crash):
             await save(call, 4)
