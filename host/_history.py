@@ -88,18 +88,18 @@ class HistoryMethods:
     # -- helpers (all under the session's lock) -------------------------------------
 
     async def _root(self, s: OpenSession, root_id: str) -> tuple[Row, Message]:
-        row = await self.store.index.lookup(s.session_id, root_id)
+        row = await s.lookup(root_id)
         if row is None:
             raise NotFound("message", root_id)
         if row.role != "user":  # the pager is stamped on a user root only
             raise InvalidParams(f"rootId {root_id!r} is not a user message (role {row.role!r})")
-        msg = parse_stored(await self.store.read_row(s, row))
+        msg = parse_stored(await s.read_row(row))
         assert msg is not None, "indexed lines are valid messages"
         return row, msg
 
     async def _branch(self, s: OpenSession, root: Row) -> list[Row]:
-        end = await self.store.index.next_user_line(s.session_id, root.line)
-        return await self.store.index.rows(s.session_id, root.line + 1, end)
+        end = await s.next_user_line(root.line)
+        return await s.rows(root.line + 1, end)
 
     def _plan(
         self, sid: str, root_id: str, active: int | None, lines: Sequence[bytes]
@@ -131,7 +131,7 @@ class HistoryMethods:
         """Rewrite the root's line with ``pager`` (and its branch by ``branch``, if given)."""
         nl = NewLine.of(msg, msg.turn_id, pager)
         if branch is None:
-            await self.store.rewrite_line(s, root, nl.row(root.line, root.offset), nl.data)
+            await s.rewrite_line(root, nl.row(root.line, root.offset), nl.data)
             return
         old = await self._branch(s, root)
         end_line = root.line + 1 + len(old)
@@ -146,10 +146,10 @@ class HistoryMethods:
             rows.append(stored_row(root.line + len(rows), pos, line, m))
             pos += len(line) + 1
         pieces.append((end_off, s.size - end_off))
-        for r in await self.store.index.rows(s.session_id, end_line):
+        for r in await s.rows(end_line):
             rows.append(r._replace(line=root.line + len(rows), offset=pos))
             pos += r.length + 1
-        await self.store.rewrite(s, pieces, rows, keep_from=root.line)
+        await s.rewrite(pieces, rows, keep_from=root.line)
 
     # -- methods --------------------------------------------------------------------
 
@@ -197,7 +197,7 @@ class HistoryMethods:
         if isinstance(p.root_id, str):
             root, msg = await self._root(s, p.root_id)
         else:
-            last = await self.store.index.last_user(sid)
+            last = await s.last_user()
             if last is None:
                 raise NotFound("message", "last user message")
             root, msg = await self._root(s, last.message_id)
@@ -213,7 +213,7 @@ class HistoryMethods:
                 archived=0,
                 stamped=False,
             )
-        lines = await self.store.read_rows(s, branch)
+        lines = await s.read_rows(branch)
         old = self.archive.load(sid, root_id)
         revs, slot = await asyncio.to_thread(self._plan, sid, root_id, active, lines)
         pager = _pager(root_id, len(revs), slot)
@@ -240,7 +240,7 @@ class HistoryMethods:
     async def activate_revision(self, p: ActivateParams) -> ActivateResult:
         sid = p.session_id
         s = await self.store.open_session(sid)
-        running = await self.store.index.running_turn(sid)
+        running = await s.running_turn()
         if running is not None:
             raise AgentBusy(f"turn {running!r} is running in session {sid!r}", turnId=running)
         root, msg = await self._root(s, p.root_id)
@@ -249,7 +249,7 @@ class HistoryMethods:
         if p.revision >= len(old):
             raise NotFound("revision", p.revision)
         branch = await self._branch(s, root)
-        lines = await self.store.read_rows(s, branch)
+        lines = await s.read_rows(branch)
         if lines and p.revision == _slot(active, len(old)):
             chosen = lines  # the slot the branch is archived into: it stays
         else:
@@ -342,7 +342,7 @@ class HistoryMethods:
             seen.add(m.id)
             if m.id in leaving:
                 continue
-            if await self.store.index.lookup(s.session_id, m.id) is not None:
+            if await s.lookup(m.id) is not None:
                 raise Conflict(
                     f"message {m.id!r} of that revision is already in the transcript",
                     messageId=m.id,
@@ -353,15 +353,15 @@ class HistoryMethods:
             raise InvalidParams("session.truncateFrom needs fromMessageId or truncateBefore")
         sid = p.session_id
         s = await self.store.open_session(sid)
-        if not await self._will_resolve(sid, p):  # NOT_FOUND before anything changes
+        if not await self._will_resolve(s, p):  # NOT_FOUND before anything changes
             raise NotFound("message", p.from_message_id or None)
         await self.turns.settle_for_cut(s)
-        cut = await self._resolve_cut(sid, p)
+        cut = await self._resolve_cut(s, p)
         total = s.line_count
         if cut >= total:  # a retried call: the cut is already made
             return TruncateResult(kept=total, removed=0, archived=0)
-        (first,) = await self.store.index.rows(sid, cut, cut + 1)
-        before = await self.store.index.rows(sid, cut - 1, cut) if cut > 0 else []
+        (first,) = await s.rows(cut, cut + 1)
+        before = await s.rows(cut - 1, cut) if cut > 0 else []
         pager: Pager | None = None
         archived = 0
         if before and before[0].role == "user" and first.role != "user":
@@ -379,7 +379,7 @@ class HistoryMethods:
         # Read once (O(cut)) only to put back what a failing disk cut but could not make
         # durable; a full disk cannot fail a cut.
         tail = await asyncio.to_thread(s.transcript.read, offset, s.size - offset)
-        await self.store.index.mark_dirty(s.session_id)
+        await s.mark_dirty()
         try:
             await asyncio.to_thread(self.store.cut_file, s, offset)
         except BaseException:
@@ -412,7 +412,7 @@ class HistoryMethods:
         sid = s.session_id
         _, msg = await self._root(s, root.message_id)
         branch = await self._branch(s, root)
-        lines = await self.store.read_rows(s, branch)
+        lines = await s.read_rows(branch)
         _, active = _stamp_of(msg)
         revs, _slot = await asyncio.to_thread(self._plan, sid, root.message_id, active, lines)
         n = len(revs)
@@ -425,7 +425,7 @@ class HistoryMethods:
             sid, archive=ArchiveStep(root.message_id, [_rev(r) for r in revs]), cut=step
         )
         await self._at("intent-recorded")
-        await self.store.index.mark_dirty(sid)  # before the point of no return
+        await s.mark_dirty()  # before the point of no return
         manifest = await asyncio.to_thread(self._take_space, s, intent)
         try:
             await asyncio.to_thread(self._cut_in_place, s, intent, manifest)
@@ -482,24 +482,24 @@ class HistoryMethods:
             return
         s.size, s.line_count = stamp.size, cut
 
-    async def _will_resolve(self, sid: str, p: TruncateParams) -> bool:
+    async def _will_resolve(self, s: OpenSession, p: TruncateParams) -> bool:
         """Whether the cut resolves once the running turn is settled (its checkpoint too)."""
         if isinstance(p.truncate_before, int):
             return True
         if not isinstance(p.from_message_id, str):
             return False
-        if await self.store.index.lookup(sid, p.from_message_id) is not None:
+        if await s.lookup(p.from_message_id) is not None:
             return True
-        cp = self.turns.read(sid)  # its row appears when the cut settles it (if not empty)
+        cp = s.checkpoint()  # its row appears when the cut settles it (if not empty)
         if cp is None or cp.message_id != p.from_message_id:
             return False
         msg = parse_stored(bytes(cp.message))
         return msg is not None and msg.has_content()
 
-    async def _resolve_cut(self, sid: str, p: TruncateParams) -> int:
+    async def _resolve_cut(self, s: OpenSession, p: TruncateParams) -> int:
         """The first line to cut: identity first, then the count fallback."""
         if isinstance(p.from_message_id, str):
-            row = await self.store.index.lookup(sid, p.from_message_id)
+            row = await s.lookup(p.from_message_id)
             if row is not None:
                 return row.line
         if isinstance(p.truncate_before, int):
@@ -536,7 +536,7 @@ class HistoryMethods:
                 stamp = intent.stamp
                 root_row = None
                 if isinstance(stamp, StampStep):
-                    root_row = await self.store.index.lookup(sid, stamp.message_id)
+                    root_row = await s.lookup(stamp.message_id)
                     if root_row is None:
                         log.error("session %s: stamp intent for a gone root dropped", sid)
                 if isinstance(stamp, StampStep) and root_row is not None:

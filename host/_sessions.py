@@ -139,7 +139,7 @@ class SessionMethods:
         total = s.line_count
         end = total if p.before_line is UNSET else min(p.before_line, total)
         start = 0 if p.limit is UNSET else max(0, end - p.limit)
-        rows = await self.store.index.rows(s.session_id, start, end) if end > start else []
+        rows = await s.rows(start, end) if end > start else []
         cap = p.display_cap if isinstance(p.display_cap, int) else None
         # What the answer can hold: a capped line is about its cap (short fields are
         # never clipped: allow slack); the encoded answer is checked again at the end.
@@ -151,7 +151,7 @@ class SessionMethods:
                 limit=MAX_LINE,
             )
         if cap is None:  # views of one read: the page is held once, then its answer
-            lines = await self.store.read_raw(s, rows)
+            lines = await s.read_raw(rows)
         else:  # read in bounded runs, capping as it goes: memory follows the answer
             lines = []
             run: list[Row] = []
@@ -159,14 +159,14 @@ class SessionMethods:
                 if r.length <= cap:
                     run.append(r)
                     if len(run) == 1024:
-                        lines += await self.store.read_raw(s, run)
+                        lines += await s.read_raw(run)
                         run = []
                     continue
-                lines += await self.store.read_raw(s, run)
+                lines += await s.read_raw(run)
                 run = []
-                capped = await self.store.read_capped(s, r, cap, _host_fields(r))
+                capped = await s.read_capped(r, cap, _host_fields(r))
                 lines.append(Raw(capped))
-            lines += await self.store.read_raw(s, run)
+            lines += await s.read_raw(run)
         return GetResult(messages=lines, start_line=start, end_line=end, total_lines=total)
 
     # -- writes ---------------------------------------------------------------------
@@ -194,7 +194,7 @@ class SessionMethods:
         """
         try:
             fresh, new = self._plan(s, group)
-            self._done(group, fresh, await self.store.append(s, new, defer_index=defer_index))
+            self._done(group, fresh, await s.append(new, defer_index=defer_index))
             for a in group:
                 await self.after_append(s, a.msg.id)
             if len(group) > 1:
@@ -209,7 +209,7 @@ class SessionMethods:
 
     def _plan(self, s: OpenSession, group: list[_Append]) -> tuple[list[_Append], list[NewLine]]:
         """The calls of ``group`` whose message is not stored yet, and their lines."""
-        stored = self.store.index.lookup_now(s.session_id, [a.msg.id for a in group])
+        stored = s.lookup_now([a.msg.id for a in group])
         fresh: list[_Append] = []
         for a in group:
             if a.msg.id in stored:
@@ -243,49 +243,39 @@ class SessionMethods:
 
     async def after_append(self, s: OpenSession, message_id: str) -> None:
         """Remove the session's checkpoint when it holds ``message_id`` (ADR 0153)."""
-        if self._holds_checkpoint(s, message_id):
-            await asyncio.to_thread(self.store.checkpoints.remove, s.session_id)
-
-    def _holds_checkpoint(self, s: OpenSession, message_id: str) -> bool:
-        cps = self.store.checkpoints
-        if s.session_id not in cps.present:
-            return False
-        try:
-            ids = cps.ids(s.session_id)
-        except ValueError:
-            return False  # a corrupt checkpoint is quarantined by its settlement, not here
-        return ids is not None and ids[1] == message_id
+        if s.checkpoint_holds(message_id):
+            await s.remove_checkpoint()
 
     async def update_message(self, p: UpdateParams) -> LineResult:
         msg = parse_incoming(p.message)
         s = await self.store.open_session(p.session_id)
-        row = await self.store.index.lookup(s.session_id, msg.id)
+        row = await s.lookup(msg.id)
         if row is None:
             raise NotFound("message", msg.id)
-        old = await self.store.read_row(s, row)  # re-read inside the lock
+        old = await s.read_row(row)  # re-read inside the lock
         stored = parse_stored(old)
         turn_id = (stored.turn_id if stored else None) or msg.turn_id
         pager = stored.pager() if stored else {}
         nl = NewLine.of(msg, turn_id, pager)
         if nl.data != old:
-            await self.store.rewrite_line(s, row, nl.row(row.line, row.offset), nl.data)
+            await s.rewrite_line(row, nl.row(row.line, row.offset), nl.data)
         return LineResult(line=row.line)
 
     async def delete_messages(self, p: DeleteMessagesParams) -> CountDeletedResult:
         s = await self.store.open_session(p.session_id)
         doomed = set(p.message_ids)
-        rows = await self.store.index.rows(s.session_id)
+        rows = await s.rows()
         kept = [r for r in rows if r.message_id not in doomed]
         deleted = len(rows) - len(kept)
         if deleted:
             pieces, new_rows = _compact(kept)
-            await self.store.rewrite(s, pieces, new_rows)
+            await s.rewrite(pieces, new_rows)
         return CountDeletedResult(deleted=deleted)
 
     async def replace_messages(self, p: ReplaceParams) -> CountResult:
         msgs = parse_all(p.messages)
         s = await self.store.open_session(p.session_id)
-        old = {r.message_id: r for r in await self.store.index.rows(s.session_id)}
+        old = {r.message_id: r for r in await s.rows()}
         pieces: list[Piece] = []
         rows: list[Row] = []
         pos = 0
@@ -296,7 +286,7 @@ class SessionMethods:
             pieces.append(nl.data + b"\n")
             rows.append(nl.row(i, pos))
             pos += len(nl.data) + 1
-        await self.store.rewrite(s, pieces, rows)
+        await s.rewrite(pieces, rows)
         return CountResult(count=len(msgs))
 
 

@@ -18,13 +18,13 @@ import shutil
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from msgspec import Raw
 
 from host._archive import Archive
-from host._checkpoints import Checkpoints
+from host._checkpoints import Checkpoint, Checkpoints
 from host._errors import NotFound, StorageError
 from host._fs import FileSystem
 from host._index import Index, Row, now_iso
@@ -33,7 +33,7 @@ from host._layout import Layout, UnsafeFolder
 from host._limits import OPEN_TRANSCRIPTS
 from host._locks import LockTable
 from host._messages import Message, display_capped, pager_json, valid_line
-from host._recovery import reconcile
+from host._recovery import quarantine, reconcile
 from host._transcript import FileStamp, Piece, Rewrite, Transcript
 from host._turnlog import TurnLog, TurnRecord, TurnStatus
 
@@ -45,14 +45,106 @@ ROOM_WAIT = 30.0
 """Seconds a call waits for an open transcript to close before it opens one more."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class OpenSession:
-    """A session being served: its open transcript and its size, under its lock."""
+    """A session being served, which its call reaches storage through while it holds it:
+    its transcript and size, its rows and turns in the index, and its checkpoint."""
 
     session_id: str
     transcript: Transcript
     line_count: int
     size: int
+    store: Store = field(repr=False)
+
+    # -- rows -----------------------------------------------------------------------
+
+    async def lookup(self, message_id: str) -> Row | None:
+        return await self.store.index.lookup(self.session_id, message_id)
+
+    def lookup_now(self, message_ids: Sequence[str]) -> dict[str, int]:
+        return self.store.index.lookup_now(self.session_id, message_ids)
+
+    async def rows(self, start: int = 0, end: int | None = None) -> list[Row]:
+        return await self.store.index.rows(self.session_id, start, end)
+
+    async def last_user(self, before: int | None = None) -> Row | None:
+        return await self.store.index.last_user(self.session_id, before)
+
+    async def next_user_line(self, after: int) -> int | None:
+        return await self.store.index.next_user_line(self.session_id, after)
+
+    async def mark_dirty(self) -> None:
+        await self.store.index.mark_dirty(self.session_id)
+
+    async def read_rows(self, rows: Sequence[Row]) -> list[bytes]:
+        return await self.store.read_rows(self, rows)
+
+    async def read_raw(self, rows: Sequence[Row]) -> list[Raw]:
+        return await self.store.read_raw(self, rows)
+
+    async def read_row(self, row: Row) -> bytes:
+        return (await self.store.read_rows(self, [row]))[0]
+
+    async def read_capped(self, row: Row, cap: int, host_fields: dict[str, bytes]) -> bytes:
+        return await self.store.read_capped(self, row, cap, host_fields)
+
+    async def append(self, lines: Sequence[NewLine], *, defer_index: bool = False) -> list[int]:
+        return await self.store.append(self, lines, defer_index=defer_index)
+
+    async def rewrite(
+        self, pieces: Sequence[Piece], rows: Sequence[Row], *, keep_from: int = 0
+    ) -> None:
+        await self.store.rewrite(self, pieces, rows, keep_from=keep_from)
+
+    async def rewrite_line(self, row: Row, new: Row, data: bytes) -> None:
+        await self.store.rewrite_line(self, row, new, data)
+
+    # -- turns ----------------------------------------------------------------------
+
+    def turn(self, turn_id: str) -> str | None:
+        return self.store.index.turn(self.session_id, turn_id)
+
+    async def running_turn(self) -> str | None:
+        return await self.store.index.running_turn(self.session_id)
+
+    async def has_prompt(self, turn_id: str) -> bool:
+        return await self.store.index.has_prompt(self.session_id, turn_id)
+
+    async def prompt_stored(self, turn_id: str) -> None:
+        await self.store.index.prompt_stored(self.session_id, turn_id)
+
+    async def record_turn(
+        self, turn_id: str, status: TurnStatus, prompt_id: str | None = None
+    ) -> None:
+        await self.store.record_turn(self.session_id, turn_id, status, prompt_id)
+
+    # -- checkpoint -----------------------------------------------------------------
+
+    def checkpoint_holds(self, message_id: str) -> bool:
+        """Whether its checkpoint is of ``message_id`` (no system call when it has none)."""
+        if self.session_id not in self.store.checkpoints.present:
+            return False
+        try:
+            ids = self.checkpoint_ids()
+        except ValueError:
+            return False  # a corrupt checkpoint is quarantined by its settlement, not here
+        return ids is not None and ids[1] == message_id
+
+    def checkpoint_ids(self) -> tuple[str, str] | None:
+        """The (turn id, message id) of its checkpoint; ``ValueError`` when corrupt."""
+        return self.store.checkpoints.ids(self.session_id)
+
+    def checkpoint(self) -> Checkpoint | None:
+        """Its checkpoint; a corrupt one is quarantined and removed (blocking, small)."""
+        return self.store.read_checkpoint(self.session_id)
+
+    async def save_checkpoint(self, turn_id: str, message_id: str, message: Raw) -> None:
+        cps = self.store.checkpoints
+        args = (self.session_id, turn_id, message_id, message)
+        await self.store.durably(len(message), cps.save, *args)
+
+    async def remove_checkpoint(self) -> None:
+        await asyncio.to_thread(self.store.checkpoints.remove, self.session_id)
 
 
 @dataclass(slots=True)
@@ -191,7 +283,7 @@ class Store:
             assert row is not None
             await self._make_room()
             transcript = Transcript(self.fs, self.layout.transcript(session_id))
-        s = OpenSession(session_id, transcript, row.line_count, row.byte_size)
+        s = OpenSession(session_id, transcript, row.line_count, row.byte_size, self)
         self._open[session_id] = s
         return s
 
@@ -336,9 +428,15 @@ class Store:
             sessionId=s.session_id,
         )
 
-    async def read_row(self, s: OpenSession, row: Row) -> bytes:
-        """Read one stored line."""
-        return (await self.read_rows(s, [row]))[0]
+    def read_checkpoint(self, session_id: str) -> Checkpoint | None:
+        """A session's checkpoint; a corrupt one is quarantined and removed (blocking)."""
+        try:
+            return self.checkpoints.read(session_id)
+        except ValueError as exc:
+            raw = self.checkpoints.read_raw(session_id)
+            quarantine(self, session_id, [(-1, 0, raw, f"checkpoint file: {exc}")])
+            self.checkpoints.remove(session_id)
+            return None
 
     async def read_capped(
         self, s: OpenSession, row: Row, cap: int, host_fields: dict[str, bytes]

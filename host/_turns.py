@@ -52,51 +52,50 @@ class TurnMethods:
             raise InvalidParams(f"prompt must be a user message, not role {prompt.head.role!r}")
         sid, tid = p.session_id, p.turn_id
         s = await self.store.open_session(sid)
-        index = self.store.index
-        if index.turn(sid, tid) is not None:  # the same turn again: a no-op ...
-            row = await index.lookup(sid, prompt.id) if prompt else None
-            if prompt is not None and row is None and not await index.has_prompt(sid, tid):
+        if s.turn(tid) is not None:  # the same turn again: a no-op ...
+            row = await s.lookup(prompt.id) if prompt else None
+            if prompt is not None and row is None and not await s.has_prompt(tid):
                 # ... unless its turn has no prompt: the first call died between its
                 # turn row and its prompt, and answering the retry as a no-op would lie.
                 line, _ = await self.sessions.append_locked(s, prompt, tid)
-                await index.prompt_stored(sid, tid)
+                await s.prompt_stored(tid)
                 return BeginTurnResult(turn_id=tid, line=line)
             return BeginTurnResult(turn_id=tid, line=row.line if row else UNSET)
-        running = await index.running_turn(sid)
+        running = await s.running_turn()
         if running is not None:
             raise AgentBusy(f"turn {running!r} is running in session {sid!r}", turnId=running)
-        cp = self.read(sid)
+        cp = s.checkpoint()
         if cp is not None and cp.turn_id != tid:  # a leftover of an ended turn
             await self._settle_leftover(sid, wait_completed=False)
         # The turn is logged with its prompt's id first: a start that finds it running
         # without that prompt stored forgets it (void), so the call is all or nothing.
-        await self.store.record_turn(sid, tid, "running", prompt.id if prompt else None)
+        await s.record_turn(tid, "running", prompt.id if prompt else None)
         if prompt is None:
             return BeginTurnResult(turn_id=tid)
         try:
             line, _ = await self.sessions.append_locked(s, prompt, tid)
         except BaseException:
-            await asyncio.shield(self.store.record_turn(sid, tid, "void"))
+            await asyncio.shield(s.record_turn(tid, "void"))
             raise
-        await index.prompt_stored(sid, tid)
+        await s.prompt_stored(tid)
         return BeginTurnResult(turn_id=tid, line=line)
 
     async def end_turn(self, p: EndTurnParams) -> EndTurnResult:
         sid, tid = p.session_id, p.turn_id
         s = await self.store.open_session(sid)
-        status = self.store.index.turn(sid, tid)
+        status = s.turn(tid)
         if status is None:
             raise NotFound("turn", tid)
         if status != "running":  # ending an ended turn changes nothing
             return EndTurnResult(status=status, recovered=False)
         recovered = False
-        cp = self.read(sid)
+        cp = s.checkpoint()
         if p.status in ("completed", "error"):
-            if cp is not None and await self.store.index.lookup(sid, cp.message_id):
-                await asyncio.to_thread(self.checkpoints.remove, sid)
+            if cp is not None and await s.lookup(cp.message_id):
+                await s.remove_checkpoint()
         elif p.recover_inflight and cp is not None and cp.turn_id == tid:
             recovered = await self.promote(s, cp, "aborted") is not None
-        await self.store.record_turn(sid, tid, p.status)
+        await s.record_turn(tid, p.status)
         return EndTurnResult(status=p.status, recovered=recovered)
 
     async def settle_for_cut(self, s: OpenSession) -> None:
@@ -107,16 +106,15 @@ class TurnMethods:
         Either way the row is placed before the cut, so a cut that removes it archives it
         with its branch, instead of it landing after the next conversation later.
         """
-        sid = s.session_id
-        tid = await self.store.index.running_turn(sid)
-        cp = self.read(sid)
+        tid = await s.running_turn()
+        cp = s.checkpoint()
         if cp is not None and cp.turn_id != tid:  # a leftover of an ended turn
-            await self._settle_leftover(sid, wait_completed=False)
+            await self._settle_leftover(s.session_id, wait_completed=False)
         elif cp is not None:
             await self.promote(s, cp, "aborted")
         if tid is not None:
-            await self.store.record_turn(sid, tid, "aborted")
-            log.info("session %s: running turn %s ended aborted by a truncation", sid, tid)
+            await s.record_turn(tid, "aborted")
+            log.info("session %s: running turn %s ended aborted by a truncation", s.session_id, tid)
 
     # -- checkpoints ----------------------------------------------------------------
 
@@ -127,29 +125,27 @@ class TurnMethods:
         durably into the spare and swapped in: on the loop while fsyncs are fast and it
         is up to 1 MiB, as an append's (:meth:`Store.durably`).
         """
-        sid, store = p.session_id, self.store
         head = incoming_head(p.message)
-        s = await store.open_session(sid)
+        s = await self.store.open_session(p.session_id)
         try:
-            old = self.checkpoints.ids(sid)
+            old = s.checkpoint_ids()
         except ValueError:
-            self.read(sid)  # quarantines the corrupt file
+            s.checkpoint()  # quarantines the corrupt file
             old = None
-        if self._late(sid, head):
+        if self._late(s, head):
             return SavedResult(saved=False)
         if old is not None and old[0] != p.turn_id:
-            if store.index.turn(sid, old[0]) == "running":
+            if s.turn(old[0]) == "running":
                 return await self._beside_running(s, p)
-            await self._settle_leftover(sid, wait_completed=False)  # never overwrite one
-        save = self.checkpoints.save
-        await store.durably(len(p.message), save, sid, p.turn_id, head.id, p.message)
-        store.count("checkpoints.saved")
+            await self._settle_leftover(s.session_id, wait_completed=False)  # never overwrite
+        await s.save_checkpoint(p.turn_id, head.id, p.message)
+        self.store.count("checkpoints.saved")
         return SavedResult(saved=True)
 
-    def _late(self, sid: str, head: Head) -> bool:
+    def _late(self, s: OpenSession, head: Head) -> bool:
         """Whether the snapshot's message is stored already: a late write never resurrects
         a final row (no thread hop per snapshot)."""
-        if self.store.index.lookup_now(sid, [head.id]):
+        if s.lookup_now([head.id]):
             self.store.count("checkpoints.dropped_late")
             return True
         return False
@@ -163,7 +159,7 @@ class TurnMethods:
         one, sent at ``message_end``, may be its only copy) is appended as its turn's row,
         as settling it later would; one of a turn the session has no record of is dropped.
         """
-        turn = self.store.index.turn(s.session_id, p.turn_id)
+        turn = s.turn(p.turn_id)
         msg = parse_incoming(p.message)
         if turn is None or not msg.has_content():  # nor ever an empty assistant row
             self.store.count("checkpoints.dropped")
@@ -173,16 +169,6 @@ class TurnMethods:
         self.store.count("checkpoints.promoted")
         return SavedResult(saved=True)
 
-    def read(self, session_id: str) -> Checkpoint | None:
-        """Return the session's checkpoint; a corrupt one is quarantined and ignored."""
-        try:
-            return self.checkpoints.read(session_id)
-        except ValueError as exc:
-            raw = self.checkpoints.read_raw(session_id)
-            quarantine(self.store, session_id, [(-1, 0, raw, f"checkpoint file: {exc}")])
-            self.checkpoints.remove(session_id)
-            return None
-
     async def promote(self, s: OpenSession, cp: Checkpoint, status: Status) -> RecoveredRow | None:
         """Append the checkpoint as a row with ``status``; ``None`` when it was dropped."""
         sid = s.session_id
@@ -190,7 +176,7 @@ class TurnMethods:
         why = None
         if msg is None:
             why = "not a valid message"
-        elif await self.store.index.lookup(sid, msg.id) is not None:
+        elif await s.lookup(msg.id) is not None:
             why = "its row is already stored"
         elif not msg.has_content():
             why = "it is empty (an empty reply breaks every later model call)"
@@ -199,7 +185,7 @@ class TurnMethods:
         if msg is None or why is not None:
             log.warning("session %s: checkpoint of %s dropped: %s", sid, cp.message_id, why)
             self.store.count("checkpoints.dropped")
-            await asyncio.to_thread(self.checkpoints.remove, sid)
+            await s.remove_checkpoint()
             return None
         await self.sessions.append_locked(s, msg.with_status(status), cp.turn_id)
         log.info("session %s: checkpoint of %s promoted as %s", sid, msg.id, status)
@@ -226,17 +212,17 @@ class TurnMethods:
             log.warning("checkpoint of absent session %s removed", sid)
             await asyncio.to_thread(self.checkpoints.remove, sid)
             return None
-        cp = self.read(sid)
+        cp = s.checkpoint()
         if cp is None:
             return None
-        turn = self.store.index.turn(sid, cp.turn_id)
+        turn = s.turn(cp.turn_id)
         if turn == "completed":
             if wait_completed:
                 return None  # the outbox's finished row wins (ADR 0153 amendment)
             return await self.promote(s, cp, "complete")
         row = await self.promote(s, cp, "aborted")
         if turn == "running":
-            await self.store.record_turn(sid, cp.turn_id, "aborted")
+            await s.record_turn(cp.turn_id, "aborted")
         return row
 
     async def recover_at_start(self) -> None:
