@@ -1,0 +1,60 @@
+"""A slow disk holds up only the session writing to it.
+
+Durable writes run on the loop while fsyncs are fast (``FsyncPolicy``): a thread hop
+costs as much as a fast fsync. Once the moving average says the disk is slow, they run on
+a thread, so a 1 MB checkpoint stuck in its flush leaves the loop serving other sessions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from host import FileSystem
+from host._fs import Buffer
+from tests.host.inproc import msg, open_host
+
+
+class StallingFlush(FileSystem):
+    """A disk whose checkpoint flushes stall, once ``stall`` is set, until ``go``."""
+
+    def __init__(self) -> None:
+        self.stall = False
+        self.entered = threading.Event()
+        self.go = threading.Event()
+
+    def write_synced(self, fd: int, parts: Sequence[Buffer]) -> None:
+        if self.stall:
+            self.entered.set()
+            self.go.wait(30)
+        super().write_synced(fd, parts)
+
+
+async def test_a_checkpoint_stuck_on_a_slow_disk_holds_up_no_other_session(
+    tmp_path: Path,
+) -> None:
+    fs = StallingFlush()
+    async with open_host(str(tmp_path / "data"), fs) as call:
+        for sid in ("s", "o"):
+            await call("session.create", sessionId=sid)
+        await call("session.beginTurn", sessionId="s", turnId="t")
+        fsyncs = call.host.store.fsyncs
+        fsyncs.average = 10 * fsyncs.SLOW  # as a disk taking 20 ms a flush leaves it
+        fs.stall = True
+        big = msg("r", content="x" * ((1 << 20) - 100))
+        save = asyncio.ensure_future(
+            call("session.saveInflightMessage", sessionId="s", turnId="t", message=big)
+        )
+        try:
+            assert await asyncio.to_thread(fs.entered.wait, 30), "the save never flushed"
+            # The loop is free: another session is written, read and answered meanwhile.
+            got = await call("session.appendMessage", sessionId="o", message=msg("m", "user"))
+            assert got == {"line": 0, "appended": True}
+            page = await call("session.get", sessionId="o")
+            assert [m["id"] for m in page["messages"]] == ["m"]
+            assert not save.done()
+        finally:
+            fs.go.set()
+        assert await save == {"saved": True}
