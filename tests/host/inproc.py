@@ -386,3 +386,17 @@ async def open_host(
 
 def msg(mid: str, role: str = "assistant", content: str = "text", **extra: Any) -> dict[str, Any]:
     return {"id": mid, "role": role, "content": content, **extra}
+
+
+def pause_history_at(client: Client, point: str) -> tuple[asyncio.Event, asyncio.Event]:
+    """Make a history call that reaches ``point`` (``HistoryMethods.hook``) wait there:
+    ``reached`` is set when one does, and it goes on once ``release`` is set."""
+    reached, release = asyncio.Event(), asyncio.Event()
+
+    async def hold(at: str) -> None:
+        if at == point:
+            reached.set()
+            await release.wait()
+
+    client.host.history.hook = hold
+    return reached, release

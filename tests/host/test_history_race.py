@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.host.inproc import msg, open_host
+from tests.host.inproc import msg, open_host, pause_history_at
 
 
 async def _queued_on_lock(client: object, session_id: str, users: int) -> None:
@@ -23,14 +23,7 @@ async def test_append_after_archive_read_survives_in_transcript_and_next_archive
         await call("session.beginTurn", sessionId="s", turnId="t1", prompt=msg("u1", "user"))
         await call("session.appendMessage", sessionId="s", turnId="t1", message=msg("a1"))
 
-        reached, release = asyncio.Event(), asyncio.Event()
-
-        async def hold(point: str) -> None:
-            if point == "branch-read":
-                reached.set()
-                await release.wait()
-
-        call.host.history.hook = hold
+        reached, release = pause_history_at(call, "branch-read")
         archive = asyncio.create_task(call("session.saveActiveRevision", sessionId="s"))
         await reached.wait()
         late = asyncio.create_task(

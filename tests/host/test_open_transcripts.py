@@ -15,7 +15,7 @@ from typing import Any
 
 from host._limits import Limits
 from host._verify import verify
-from tests.host.inproc import Client, msg, open_host
+from tests.host.inproc import Client, msg, open_host, pause_history_at
 
 
 async def counters(call: Client) -> dict[str, int]:
@@ -35,14 +35,7 @@ async def test_only_idle_transcripts_are_closed_and_any_is_reopened(tmp_path: Pa
         await call("session.appendMessage", sessionId="s0", message=msg("a0"))
         assert (await counters(call))["sessions.open"] == 4
 
-        reached, release = asyncio.Event(), asyncio.Event()
-
-        async def hold(point: str) -> None:
-            if point == "branch-read":
-                reached.set()
-                await release.wait()
-
-        call.host.history.hook = hold
+        reached, release = pause_history_at(call, "branch-read")
         # a call using s0, mid-way: its branch read, its archive and root stamp to write
         saving = asyncio.create_task(call("session.saveActiveRevision", sessionId="s0"))
         await reached.wait()
