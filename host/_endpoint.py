@@ -473,6 +473,9 @@ class Connection:
             self.stats.inline += 1
             self._job_done(call)
             return
+        except BaseException:  # not a handler's error (those are answers): the process's
+            self._job_done(call)
+            raise
         self.stats.queued += 1
         task = asyncio.get_running_loop().create_task(_Rest(coro, waiting))
         call.state.task = task
@@ -557,8 +560,15 @@ class Connection:
     def _run_batch(self, batch: _Batch) -> None:
         """Start a batch's calls in order; answer it once the last one ends."""
         calls = [p for p in batch.parts if isinstance(p, _Call)]
-        for call in calls:
-            self._start(call)
+        for i, call in enumerate(calls):
+            try:
+                self._start(call)
+            except BaseException:  # as in _start: the calls behind it give up their places
+                for rest in calls[i + 1 :]:
+                    rest.coro.close()
+                    rest.state.end()
+                self._job_done(batch)
+                raise
         pending = [c.state.task for c in calls if c.state.task is not None]
         if not pending:
             self._answer_batch(batch)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import math
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -308,3 +309,33 @@ async def test_a_call_waiting_for_its_client_to_read_does_not_hold_up_other_clie
         conn.writer_paused(False)
         await other.finish()
     assert other_writer.replies()["b"]["result"] == {"line": 0, "appended": True}
+
+
+class _Died(BaseException):
+    """The process died here (as ``tests.host.inproc.Crash``): no answer, no cleanup."""
+
+
+async def test_a_batch_whose_call_dies_in_its_first_step_leaves_no_place_held(
+    opened: tuple[Host, Connection, FakeWriter], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Only a dying process raises past a handler (its errors are answers); the calls of
+    # the batch behind the one that died must not keep their places in their queues.
+    host, conn, _writer = opened
+    conn.feed(line("session.create", {"sessionId": "t"}, "t"))
+    for sid in ("s", "t"):
+        conn.feed(line("session.appendMessage", {"sessionId": sid, "message": _m("a")}, sid))
+    await conn.finish()
+    host.store.fsyncs.SLOW = math.inf  # the appends run inline, in the read callback
+
+    def dies(*_: object) -> dict[str, int]:
+        raise _Died
+
+    monkeypatch.setattr(host.store.index, "lookup_now", dies)
+    batch = b"[%s,%s]" % (
+        line("session.appendMessage", {"sessionId": "s", "message": _m("b")}, 1),
+        line("session.appendMessage", {"sessionId": "t", "message": _m("b")}, 2),
+    )
+    with pytest.raises(_Died):
+        conn.feed(batch)
+    assert host.store.locks.users("s") == host.store.locks.users("t") == 0
+    assert conn._held == 0
