@@ -508,7 +508,10 @@ class Connection:
             try:
                 if state.cancel_requested:
                     raise asyncio.CancelledError("$/cancelRequest")
-                await self._admit(big, state)
+                if self._gate or not self._may_start(big):
+                    await self._admit(big, state)
+                else:
+                    self._big += big
                 admitted = True
                 t0 = time.perf_counter()
                 body, ok = await self._answer(call, big)
@@ -600,9 +603,6 @@ class Connection:
         stops its own calls, never another connection's: a call waiting here is out of
         its session queues (:meth:`CallState.step_out`), and back in, last, once let in.
         """
-        if not self._gate and self._may_start(big):
-            self._big += big
-            return
         entry = (asyncio.get_running_loop().create_future(), big, state)
         self._gate.append(entry)
         state.step_out()

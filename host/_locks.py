@@ -67,24 +67,25 @@ class Ticket:
     holds: bool = False  # at the head, and its call has begun to work on the session
     out: bool = False  # stepped out while its call waits at its connection's gate
 
-    async def wait(self) -> None:
-        """Return once this ticket holds its session (or its work is done).
-
-        A call cancelled before it got there raises ``CancelledError`` instead.
-        """
+    def ready(self) -> bool:
+        """Whether this ticket holds its session now (or its work is done): then it need
+        not :meth:`wait`. A call cancelled before it got there raises ``CancelledError``."""
         if self.done:
-            return
+            return True
         if self.call is not None and self.call.cancel_requested:
             raise asyncio.CancelledError("$/cancelRequest")
-        queue = self.table.queue(self.key)
-        if queue[0] is not self:
-            self.turn = asyncio.get_running_loop().create_future()
-            await self.turn
-            if self.done:
-                return
+        if self.table.queue(self.key)[0] is not self:
+            return False
         self.holds = True
         if self.call is not None:
             self.call.started = True
+        return True
+
+    async def wait(self) -> None:
+        """Return once this ticket holds its session (or its work is done)."""
+        while not self.ready():
+            self.turn = asyncio.get_running_loop().create_future()
+            await self.turn
 
     def leave(self) -> None:
         """Leave the queue (idempotent); the next ticket holds the session."""
@@ -127,7 +128,8 @@ class LockTable:
         counts as started once it holds the session (a cancel no longer stops it)."""
         ticket = self.enqueue(key, call)
         try:
-            await ticket.wait()
+            if not ticket.ready():
+                await ticket.wait()
             yield ticket
         finally:
             ticket.leave()

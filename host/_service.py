@@ -211,7 +211,8 @@ async def _in_turn(handler: Handler, params: Any, tickets: list[Ticket], ticket:
     """Run a call once it holds its session: from its first read to its last write."""
     try:
         for t in tickets:
-            await t.wait()
+            if not t.ready():
+                await t.wait()
         if ticket.done:  # the holder ahead did its work (group commit)
             result: Struct = ticket.rider.answer()
             return result

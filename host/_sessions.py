@@ -195,8 +195,9 @@ class SessionMethods:
         try:
             fresh, new = self._plan(s, group)
             self._done(group, fresh, await s.append(new, defer_index=defer_index))
-            for a in group:
-                await self.after_append(s, a.msg.id)
+            for a in group:  # a checkpoint of a message now stored goes (ADR 0153)
+                if s.checkpoint_holds(a.msg.id):
+                    await s.remove_checkpoint()
             if len(group) > 1:
                 self.store.count("appends.grouped", len(group))
         except BaseException as exc:
@@ -240,11 +241,6 @@ class SessionMethods:
         a = _Append(msg, turn_id)
         await self._append_group(s, [a])
         return a.line, a.appended
-
-    async def after_append(self, s: OpenSession, message_id: str) -> None:
-        """Remove the session's checkpoint when it holds ``message_id`` (ADR 0153)."""
-        if s.checkpoint_holds(message_id):
-            await s.remove_checkpoint()
 
     async def update_message(self, p: UpdateParams) -> LineResult:
         msg = parse_incoming(p.message)

@@ -17,7 +17,7 @@ import logging
 import shutil
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -58,65 +58,69 @@ class OpenSession:
 
     # -- rows -----------------------------------------------------------------------
 
-    async def lookup(self, message_id: str) -> Row | None:
-        return await self.store.index.lookup(self.session_id, message_id)
+    def lookup(self, message_id: str) -> Coroutine[Any, Any, Row | None]:
+        return self.store.index.lookup(self.session_id, message_id)
 
     def lookup_now(self, message_ids: Sequence[str]) -> dict[str, int]:
         return self.store.index.lookup_now(self.session_id, message_ids)
 
-    async def rows(self, start: int = 0, end: int | None = None) -> list[Row]:
-        return await self.store.index.rows(self.session_id, start, end)
+    def rows(self, start: int = 0, end: int | None = None) -> Coroutine[Any, Any, list[Row]]:
+        return self.store.index.rows(self.session_id, start, end)
 
-    async def last_user(self, before: int | None = None) -> Row | None:
-        return await self.store.index.last_user(self.session_id, before)
+    def last_user(self, before: int | None = None) -> Coroutine[Any, Any, Row | None]:
+        return self.store.index.last_user(self.session_id, before)
 
-    async def next_user_line(self, after: int) -> int | None:
-        return await self.store.index.next_user_line(self.session_id, after)
+    def next_user_line(self, after: int) -> Coroutine[Any, Any, int | None]:
+        return self.store.index.next_user_line(self.session_id, after)
 
-    async def mark_dirty(self) -> None:
-        await self.store.index.mark_dirty(self.session_id)
+    def mark_dirty(self) -> Coroutine[Any, Any, None]:
+        return self.store.index.mark_dirty(self.session_id)
 
-    async def read_rows(self, rows: Sequence[Row]) -> list[bytes]:
-        return await self.store.read_rows(self, rows)
+    def read_rows(self, rows: Sequence[Row]) -> Coroutine[Any, Any, list[bytes]]:
+        return self.store.read_rows(self, rows)
 
-    async def read_raw(self, rows: Sequence[Row]) -> list[Raw]:
-        return await self.store.read_raw(self, rows)
+    def read_raw(self, rows: Sequence[Row]) -> Coroutine[Any, Any, list[Raw]]:
+        return self.store.read_raw(self, rows)
 
     async def read_row(self, row: Row) -> bytes:
         return (await self.store.read_rows(self, [row]))[0]
 
-    async def read_capped(self, row: Row, cap: int, host_fields: dict[str, bytes]) -> bytes:
-        return await self.store.read_capped(self, row, cap, host_fields)
+    def read_capped(
+        self, row: Row, cap: int, host_fields: dict[str, bytes]
+    ) -> Coroutine[Any, Any, bytes]:
+        return self.store.read_capped(self, row, cap, host_fields)
 
-    async def append(self, lines: Sequence[NewLine], *, defer_index: bool = False) -> list[int]:
-        return await self.store.append(self, lines, defer_index=defer_index)
+    def append(
+        self, lines: Sequence[NewLine], *, defer_index: bool = False
+    ) -> Coroutine[Any, Any, list[int]]:
+        return self.store.append(self, lines, defer_index=defer_index)
 
-    async def rewrite(
+    def rewrite(
         self, pieces: Sequence[Piece], rows: Sequence[Row], *, keep_from: int = 0
-    ) -> None:
-        await self.store.rewrite(self, pieces, rows, keep_from=keep_from)
+    ) -> Coroutine[Any, Any, None]:
+        return self.store.rewrite(self, pieces, rows, keep_from=keep_from)
 
-    async def rewrite_line(self, row: Row, new: Row, data: bytes) -> None:
-        await self.store.rewrite_line(self, row, new, data)
+    def rewrite_line(self, row: Row, new: Row, data: bytes) -> Coroutine[Any, Any, None]:
+        return self.store.rewrite_line(self, row, new, data)
 
     # -- turns ----------------------------------------------------------------------
 
     def turn(self, turn_id: str) -> str | None:
         return self.store.index.turn(self.session_id, turn_id)
 
-    async def running_turn(self) -> str | None:
-        return await self.store.index.running_turn(self.session_id)
+    def running_turn(self) -> Coroutine[Any, Any, str | None]:
+        return self.store.index.running_turn(self.session_id)
 
-    async def has_prompt(self, turn_id: str) -> bool:
-        return await self.store.index.has_prompt(self.session_id, turn_id)
+    def has_prompt(self, turn_id: str) -> Coroutine[Any, Any, bool]:
+        return self.store.index.has_prompt(self.session_id, turn_id)
 
-    async def prompt_stored(self, turn_id: str) -> None:
-        await self.store.index.prompt_stored(self.session_id, turn_id)
+    def prompt_stored(self, turn_id: str) -> Coroutine[Any, Any, None]:
+        return self.store.index.prompt_stored(self.session_id, turn_id)
 
-    async def record_turn(
+    def record_turn(
         self, turn_id: str, status: TurnStatus, prompt_id: str | None = None
-    ) -> None:
-        await self.store.record_turn(self.session_id, turn_id, status, prompt_id)
+    ) -> Coroutine[Any, Any, None]:
+        return self.store.record_turn(self.session_id, turn_id, status, prompt_id)
 
     # -- checkpoint -----------------------------------------------------------------
 
@@ -143,8 +147,8 @@ class OpenSession:
         args = (self.session_id, turn_id, message_id, message)
         await self.store.durably(len(message), cps.save, *args)
 
-    async def remove_checkpoint(self) -> None:
-        await asyncio.to_thread(self.store.checkpoints.remove, self.session_id)
+    def remove_checkpoint(self) -> Coroutine[Any, Any, None]:
+        return asyncio.to_thread(self.store.checkpoints.remove, self.session_id)
 
 
 @dataclass(slots=True)
