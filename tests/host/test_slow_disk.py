@@ -93,7 +93,7 @@ async def test_a_disk_that_turns_slow_under_big_snapshots_is_learned(tmp_path: P
         stats = await call("host.stats")
         assert stats["counters"]["fsyncs.onLoop"] == 0
         fs.stall = True
-        snap = _snapshot(200_000)
+        snap = _snapshot(300_000)  # longer than the spare: one synced write fills it
         save = asyncio.ensure_future(
             call("session.saveInflightMessage", sessionId="s", turnId="t", message=snap)
         )
