@@ -39,7 +39,9 @@ from host._turnlog import TurnLog, TurnRecord, TurnStatus
 
 log = logging.getLogger("host.store")
 BIG_WRITE = 1 << 20  # durable writes larger than this are made off the loop
-SAMPLE = 1 << 16  # durable writes up to this size time the disk for FsyncPolicy
+RATE = 256 << 20
+"""Bytes a second a fast disk takes in: what a durable write's bytes are excused of its
+time before it counts for :class:`FsyncPolicy` (a 1 MB replace's 2 ms is its bytes)."""
 T = TypeVar("T")
 ROOM_WAIT = 30.0
 """Seconds a call waits for an open transcript to close before it opens one more."""
@@ -190,6 +192,13 @@ def _write_synced(transcript: Transcript, data: bytes) -> FileStamp:
     return stamp
 
 
+def _timed(write: Callable[..., T], *args: Any) -> tuple[T, float]:
+    """``write(*args)``, and the seconds it took."""
+    t0 = time.perf_counter()
+    done = write(*args)
+    return done, time.perf_counter() - t0
+
+
 class FsyncPolicy:
     """Where durable writes run: on the loop while fsyncs are fast, else on a thread.
 
@@ -210,7 +219,7 @@ class FsyncPolicy:
         return self.average < self.SLOW
 
     def note(self, seconds: float) -> None:
-        """Count a small durable write that took ``seconds``."""
+        """Count a durable write whose latency (its time less its bytes') was ``seconds``."""
         self.average += (seconds - self.average) / 8
 
 
@@ -499,17 +508,17 @@ class Store:
         """Run a durable write of ``size`` bytes: on the loop up to :data:`BIG_WRITE` while
         fsyncs are fast (:class:`FsyncPolicy`), else on a thread.
 
-        Writes up to :data:`SAMPLE` bytes are timed for the policy, where they run: their
-        time is the disk's latency, where a bigger one's is mostly its bytes (a 1 MB
-        checkpoint takes 2 ms on a disk whose fsync takes 0.2).
+        Every one is timed for the policy, where it runs, less what its bytes take at
+        :data:`RATE`: what is left is the disk's latency (a 1 MB checkpoint takes 2 ms on a
+        disk whose fsync takes 0.2, and counted whole it sent every write to a thread). So
+        a disk that turns slow while a reply sends only big snapshots is still learned, and
+        so is one fast again.
         """
-        t0 = time.perf_counter()
         if self.fsyncs.inline and size <= BIG_WRITE:
-            done = write(*args)
-        else:
-            done = await asyncio.to_thread(write, *args)
-        if size <= SAMPLE:
-            self.fsyncs.note(time.perf_counter() - t0)
+            done, took = _timed(write, *args)
+        else:  # timed on the thread: a busy loop's delay in taking it back is not the disk's
+            done, took = await asyncio.to_thread(_timed, write, *args)
+        self.fsyncs.note(max(0.0, took - size / RATE))
         return done
 
     async def record_turn(

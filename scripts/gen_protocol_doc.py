@@ -69,8 +69,8 @@ TRANSPORT = """\
   `python -m host serve --data-dir DIR --socket PATH` serves any number of connections on a
   Unix socket created with mode 0600, as a local background service. Nothing but protocol
   lines goes to stdout; logs go to stderr.
-- Calls on one session take that session's single `asyncio.Lock` in the order their lines
-  arrived, so they apply in that order; their answers may still come back in another.
+- Calls on one session queue for it in the order their lines arrived and hold it one at a
+  time, so they apply in that order; their answers may still come back in another.
   Calls on different sessions run in parallel.
 - End of input (stdin closed, socket closed) finishes the requests in flight, writes their
   answers, then closes that connection; in stdio mode the process then exits 0. SIGTERM
@@ -330,15 +330,11 @@ An answer to a write means it is on disk. The order of every write (`host/_store
   1 MB replace on ext4 (no allocation at the fsync, no freeing at the rename). Where the
   swap is not supported (another OS or file system, or a seccomp filter that denies
   `renameat2`) the spare is renamed over the
-  checkpoint as above. A snapshot over 64 KiB is written into the spare before its head
-  is checked (a thread scans it meanwhile); one that then fails a check (a bad message, an
-  id already stored) gets the answer it always got, and only the spare, which nothing
-  reads, has changed. A request line in the shape the outbox sends (`id` before
-  `params`, `message` last in the params, nothing after it but the two closing braces)
-  that arrives alone, for an open session, is not even scanned whole before that write:
-  the thread's scan proves the message is JSON, and a line whose message proves not to
-  be one JSON value is then decoded whole, as any other line is, for its answer. Key
-  order changes speed, never an answer.
+  checkpoint as above. A snapshot's request line is decoded whole, and its message's head
+  checked (a bad message, a display-capped copy, an id already stored, another turn's
+  checkpoint in the file), before anything is written: one that fails a check changes no
+  file. Up to 1 MiB, and while fsyncs are fast, the replace runs on the event loop, as an
+  append's write does; else on a thread.
 - **Truncation** (`truncateFrom`): the bytes to cut are read once (O(cut)). A plain cut
   is one `ftruncate` (and `fsync`) at the byte offset the index knows, then the index; it
   needs no intent and no new space. A cut that archives a branch and restamps its root
@@ -391,11 +387,12 @@ METHODS_INTRO = """\
 ## Methods
 
 All params are objects (`params` may be omitted for a method without required fields).
-"Under the lock" means inside the session's single `asyncio.Lock`, held from the first read
-to the last write of the call. The tables are generated from `host._wire.METHODS`:
-*field* is the wire (camelCase) name; *presence* says whether a params field is required
-and whether a result field is always sent; the JSON type *message* stands for a
-[message](#messages) object, kept as the caller's bytes. Every params object refuses unknown fields
+"Under the lock" means while the call holds its session: the calls on a session hold it one
+at a time, in the order their lines arrived, each from its first read to its last write.
+The tables are generated from `host._wire.METHODS`: *field* is the wire (camelCase)
+name; *presence* says whether a params field is required and whether a result field is
+always sent; the JSON type *message* stands for a [message](#messages) object, kept as the
+caller's bytes. Every params object refuses unknown fields
 with `INVALID_PARAMS` unless its table says otherwise.
 
 @@INDEX@@
@@ -588,7 +585,9 @@ read and the write inside one hold of the lock instead:
   idle; `calls.queued`: calls that had to wait for their session, a thread or the index,
   and went on as a task: the same way either, docs/design.md "One request pipeline")
   and gauges (`sessions.open`, `locks.held`, `connections.paused`, `calls.waiting`,
-  `requests.heldBytes`; see [Limits](#limits)); `methods`
+  `requests.heldBytes`; see [Limits](#limits); `fsyncs.onLoop`: 1 while durable writes
+  of up to 1 MiB run on the event loop, the disk's latency being low, 0 while they run on
+  a thread, as they do on a slow disk: docs/design.md, "Append"); `methods`
   maps each method called to `{count, errors, p50Ms, p99Ms, maxMs}`: counts since start,
   latencies over its last 2048 calls.
 - `host.shutdown` answers `{shuttingDown: true}`, stops reading on every connection (in

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,7 +29,7 @@ class StallingFlush(FileSystem):
     def write_synced(self, fd: int, parts: Sequence[Buffer]) -> None:
         if self.stall:
             self.entered.set()
-            self.go.wait(30)
+            self.go.wait(5)
         super().write_synced(fd, parts)
 
 
@@ -58,3 +59,66 @@ async def test_a_checkpoint_stuck_on_a_slow_disk_holds_up_no_other_session(
         finally:
             fs.go.set()
         assert await save == {"saved": True}
+
+
+class SlowFlush(StallingFlush):
+    """A disk whose checkpoint flushes take ``delay`` seconds each (and stall as above)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.delay = 0.0
+
+    def write_synced(self, fd: int, parts: Sequence[Buffer]) -> None:
+        time.sleep(self.delay)
+        super().write_synced(fd, parts)
+
+
+def _snapshot(size: int) -> dict[str, object]:
+    return msg("r", content="x" * size)
+
+
+async def test_a_disk_that_turns_slow_under_big_snapshots_is_learned(tmp_path: Path) -> None:
+    """A reply past 64 KiB sends only big snapshots; when the disk turns slow then, their
+    own time must move the writes off the loop (else every save stalls every session)."""
+    fs = SlowFlush()
+    async with open_host(str(tmp_path / "data"), fs) as call:
+        for sid in ("s", "o"):
+            await call("session.create", sessionId=sid)
+        await call("session.beginTurn", sessionId="s", turnId="t")
+        fs.delay = 0.03  # every flush takes 30 ms from now on
+        for i in range(3):
+            snap = _snapshot(200_000 + i)
+            got = await call("session.saveInflightMessage", sessionId="s", turnId="t", message=snap)
+            assert got == {"saved": True}
+        stats = await call("host.stats")
+        assert stats["counters"]["fsyncs.onLoop"] == 0
+        fs.stall = True
+        snap = _snapshot(300_000)  # longer than the spare: one synced write fills it
+        save = asyncio.ensure_future(
+            call("session.saveInflightMessage", sessionId="s", turnId="t", message=snap)
+        )
+        try:
+            assert await asyncio.to_thread(fs.entered.wait, 30), "the save never flushed"
+            got = await call("session.appendMessage", sessionId="o", message=msg("m", "user"))
+            assert got == {"line": 0, "appended": True}
+            assert not save.done()
+        finally:
+            fs.go.set()
+        assert await save == {"saved": True}
+
+
+async def test_a_disk_fast_again_under_big_snapshots_brings_writes_back_to_the_loop(
+    tmp_path: Path,
+) -> None:
+    """The way back: big snapshots alone, on a disk fast again, return writes to the loop."""
+    async with open_host(str(tmp_path / "data")) as call:
+        await call("session.create", sessionId="s")
+        await call("session.beginTurn", sessionId="s", turnId="t")
+        fsyncs = call.host.store.fsyncs
+        fsyncs.average = 10 * fsyncs.SLOW  # as a slow spell leaves it
+        for i in range(60):
+            snap = _snapshot(200_000 + i)
+            got = await call("session.saveInflightMessage", sessionId="s", turnId="t", message=snap)
+            assert got == {"saved": True}
+        stats = await call("host.stats")
+        assert stats["counters"]["fsyncs.onLoop"] == 1
