@@ -15,7 +15,7 @@ from pathlib import Path
 
 from host import FileSystem
 from host._fs import Buffer
-from tests.host.inproc import msg, open_host
+from tests.host.inproc import Client, msg, open_host
 
 
 class StallingFlush(FileSystem):
@@ -43,22 +43,26 @@ async def test_a_checkpoint_stuck_on_a_slow_disk_holds_up_no_other_session(
         await call("session.beginTurn", sessionId="s", turnId="t")
         fsyncs = call.host.store.fsyncs
         fsyncs.average = 10 * fsyncs.SLOW  # as a disk taking 20 ms a flush leaves it
-        fs.stall = True
-        big = msg("r", content="x" * ((1 << 20) - 100))
-        save = asyncio.ensure_future(
-            call("session.saveInflightMessage", sessionId="s", turnId="t", message=big)
-        )
-        try:
-            assert await asyncio.to_thread(fs.entered.wait, 30), "the save never flushed"
-            # The loop is free: another session is written, read and answered meanwhile.
-            got = await call("session.appendMessage", sessionId="o", message=msg("m", "user"))
-            assert got == {"line": 0, "appended": True}
-            page = await call("session.get", sessionId="o")
-            assert [m["id"] for m in page["messages"]] == ["m"]
-            assert not save.done()
-        finally:
-            fs.go.set()
-        assert await save == {"saved": True}
+        await _others_served_while_stuck(call, fs, _snapshot((1 << 20) - 100))
+
+
+async def _others_served_while_stuck(call: Client, fs: StallingFlush, snap: object) -> None:
+    """Save ``snap`` in session ``s`` with its flush stuck: session ``o`` is written, read
+    and answered meanwhile (the loop is free), and the save ends once the flush does."""
+    fs.stall = True
+    save = asyncio.ensure_future(
+        call("session.saveInflightMessage", sessionId="s", turnId="t", message=snap)
+    )
+    try:
+        assert await asyncio.to_thread(fs.entered.wait, 30), "the save never flushed"
+        got = await call("session.appendMessage", sessionId="o", message=msg("m", "user"))
+        assert got == {"line": 0, "appended": True}
+        page = await call("session.get", sessionId="o")
+        assert [m["id"] for m in page["messages"]] == ["m"]
+        assert not save.done()
+    finally:
+        fs.go.set()
+    assert await save == {"saved": True}
 
 
 class SlowFlush(StallingFlush):
@@ -77,6 +81,16 @@ def _snapshot(size: int) -> dict[str, object]:
     return msg("r", content="x" * size)
 
 
+async def _on_loop_after_saves(call: Client, n: int) -> int:
+    """Save ``n`` snapshots of about 200 KB in session ``s``; then ``fsyncs.onLoop``."""
+    for i in range(n):
+        got = await call(
+            "session.saveInflightMessage", sessionId="s", turnId="t", message=_snapshot(200_000 + i)
+        )
+        assert got == {"saved": True}
+    return int((await call("host.stats"))["counters"]["fsyncs.onLoop"])
+
+
 async def test_a_disk_that_turns_slow_under_big_snapshots_is_learned(tmp_path: Path) -> None:
     """A reply past 64 KiB sends only big snapshots; when the disk turns slow then, their
     own time must move the writes off the loop (else every save stalls every session)."""
@@ -86,25 +100,9 @@ async def test_a_disk_that_turns_slow_under_big_snapshots_is_learned(tmp_path: P
             await call("session.create", sessionId=sid)
         await call("session.beginTurn", sessionId="s", turnId="t")
         fs.delay = 0.03  # every flush takes 30 ms from now on
-        for i in range(3):
-            snap = _snapshot(200_000 + i)
-            got = await call("session.saveInflightMessage", sessionId="s", turnId="t", message=snap)
-            assert got == {"saved": True}
-        stats = await call("host.stats")
-        assert stats["counters"]["fsyncs.onLoop"] == 0
-        fs.stall = True
-        snap = _snapshot(300_000)  # longer than the spare: one synced write fills it
-        save = asyncio.ensure_future(
-            call("session.saveInflightMessage", sessionId="s", turnId="t", message=snap)
-        )
-        try:
-            assert await asyncio.to_thread(fs.entered.wait, 30), "the save never flushed"
-            got = await call("session.appendMessage", sessionId="o", message=msg("m", "user"))
-            assert got == {"line": 0, "appended": True}
-            assert not save.done()
-        finally:
-            fs.go.set()
-        assert await save == {"saved": True}
+        assert await _on_loop_after_saves(call, 3) == 0
+        # longer than the spare: one synced write fills it
+        await _others_served_while_stuck(call, fs, _snapshot(300_000))
 
 
 async def test_a_disk_fast_again_under_big_snapshots_brings_writes_back_to_the_loop(
@@ -115,10 +113,6 @@ async def test_a_disk_fast_again_under_big_snapshots_brings_writes_back_to_the_l
         await call("session.create", sessionId="s")
         await call("session.beginTurn", sessionId="s", turnId="t")
         fsyncs = call.host.store.fsyncs
+        fsyncs.SLOW = 0.05  # a loaded CI disk's fsync stays under it: "fast" here
         fsyncs.average = 10 * fsyncs.SLOW  # as a slow spell leaves it
-        for i in range(60):
-            snap = _snapshot(200_000 + i)
-            got = await call("session.saveInflightMessage", sessionId="s", turnId="t", message=snap)
-            assert got == {"saved": True}
-        stats = await call("host.stats")
-        assert stats["counters"]["fsyncs.onLoop"] == 1
+        assert await _on_loop_after_saves(call, 60) == 1
