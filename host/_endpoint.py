@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import msgspec
 from msgspec import UNSET, Raw, Struct
 
+from host._call import CallState
 from host._errors import (
     HostError,
     InvalidParams,
@@ -45,7 +46,6 @@ from host._limits import (
     READ_BUFFER,
     REQUEST_BYTES,
 )
-from host._locks import CallState
 from host._surrogates import decode
 from host._version import __version__
 from host._wire import (

@@ -18,39 +18,10 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-
-@dataclass(slots=True, eq=False)
-class CallState:
-    """What the endpoint and the service share about one request."""
-
-    method: str
-    running: bool = False  # its first step was taken
-    started: bool = False  # it holds its session (or is a rider of the holder)
-    cancel_requested: bool = False
-    task: asyncio.Task[object] | None = field(default=None, repr=False)
-    tickets: list[Ticket] = field(default_factory=list, repr=False)
-
-    def step_out(self) -> None:
-        """Leave the queues while the call waits for its client to read (its connection's
-        gate holds it): a client that stops reading holds up no other. Every later call
-        of its connection waits there behind it, so none of them passes it."""
-        for t in self.tickets:
-            t.table.step_out(t)
-
-    def step_in(self) -> None:
-        """Take places in the queues again, at their tails, once the gate lets it start."""
-        for t in self.tickets:
-            t.table.step_in(t)
-
-    def end(self) -> None:
-        """The call is over, however it ended: its places in the queues are given up."""
-        for t in self.tickets:
-            t.leave()
-            t.call = None
-        self.tickets.clear()  # no cycle left for the collector
+from host._call import CallState
 
 
 @dataclass(slots=True, eq=False)
@@ -92,6 +63,15 @@ class Ticket:
         if not self.gone:
             self.gone = True
             self.table._leave(self)
+        self.call = None  # no cycle left for the collector
+
+    def step_out(self) -> None:
+        """Leave the queue until :meth:`step_in` (its call waits at its client's gate)."""
+        self.table.step_out(self)
+
+    def step_in(self) -> None:
+        """Queue again, last."""
+        self.table.step_in(self)
 
 
 def _wake(t: Ticket) -> None:
@@ -115,7 +95,7 @@ class LockTable:
         ticket = Ticket(self, key, rider, call)
         queue.append(ticket)
         if call is not None:
-            call.tickets.append(ticket)
+            call.places.append(ticket)
         return ticket
 
     def queue(self, key: str) -> deque[Ticket]:

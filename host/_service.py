@@ -20,6 +20,7 @@ from typing import Any
 
 from msgspec import Struct, structs
 
+from host._call import CallState
 from host._endpoint import Stats
 from host._framing import RequestBudget
 from host._fs import FileSystem
@@ -35,7 +36,7 @@ from host._index import (
 )
 from host._layout import Layout
 from host._limits import REQUEST_BYTES, Limits
-from host._locks import CallState, Ticket
+from host._locks import Ticket
 from host._recovery import Report, recover
 from host._sessions import SessionMethods
 from host._store import Store
@@ -106,11 +107,11 @@ class Host:
         if not isinstance(sid, str):
             return handler(params)
         locks = self.store.locks
-        if method in _TWINS:  # entered first; its key is no legal id ("/" is in none)
-            locks.enqueue("/" + sid.lower(), call)
         rider = params if method == "session.appendMessage" else None
+        # the twins' queue is entered first; its key is no legal id ("/" is in none)
+        twin = [locks.enqueue("/" + sid.lower(), call)] if method in _TWINS else []
         ticket = locks.enqueue(sid, call, rider)
-        return _in_turn(handler, params, call.tickets, ticket)
+        return _in_turn(handler, params, [*twin, ticket], ticket)
 
     @classmethod
     @contextlib.asynccontextmanager

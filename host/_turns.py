@@ -14,9 +14,9 @@ import logging
 
 from msgspec import UNSET, Raw
 
+from host._call import CallState
 from host._checkpoints import Checkpoint
 from host._errors import AgentBusy, InvalidParams, NotFound
-from host._locks import CallState
 from host._messages import Head, Status, incoming_head, parse_incoming, parse_stored
 from host._recovery import quarantine
 from host._sessions import SessionMethods
