@@ -16,17 +16,10 @@ from typing import Any
 
 import pytest
 
+from scripts.pressure import vm_mb
 from tests.conftest import Client, StartHost, dumps, transcript
 
 MiB = 1 << 20
-
-
-def _peak_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmHWM")
 
 
 def _request(rid: Any, method: str, params: dict[str, Any]) -> bytes:
@@ -59,7 +52,7 @@ async def test_answers_a_client_never_reads_are_not_made_ahead_of_it(
     watcher = await host.connect()
     await watcher.handshake()
     await watcher.call("session.get", sessionId="big", limit=1)  # warm: the index is read
-    idle = _peak_mb(host.pid)
+    idle = vm_mb(host.pid, "VmHWM")
     hostile = socket.socket(socket.AF_UNIX)
     request.addfinalizer(hostile.close)
     hostile.connect(str(host.socket_path))
@@ -71,7 +64,7 @@ async def test_answers_a_client_never_reads_are_not_made_ahead_of_it(
         return paused or stats["methods"]["session.get"]["count"] == 61
 
     stats = await _until(watcher, backed_up)
-    grown = _peak_mb(host.pid) - idle
+    grown = vm_mb(host.pid, "VmHWM") - idle
     assert grown < 100, f"the host grew {grown:.0f} MB for answers nobody reads (1 GiB before)"
     assert stats["counters"]["calls.waiting"] > 0
     assert stats["methods"]["session.get"]["count"] <= 1 + 2  # the warm-up, and one or two
@@ -83,7 +76,7 @@ async def test_answers_a_client_never_reads_are_not_made_ahead_of_it(
 
     answers = await asyncio.to_thread(read_all)
     assert all(len(a) > 16 * MiB for a in answers[1:]), "an answer is missing or short"
-    assert _peak_mb(host.pid) - idle < 100
+    assert vm_mb(host.pid, "VmHWM") - idle < 100
 
 
 async def _send_big_line(c: Client, rid: int, size: int, halfway: asyncio.Barrier) -> None:
@@ -109,7 +102,7 @@ async def test_long_lines_of_many_clients_share_one_bound(
     watcher, *clients = [await host.connect() for _ in range(9)]
     for c in (watcher, *clients):
         await c.handshake()
-    idle = _peak_mb(host.pid)
+    idle = vm_mb(host.pid, "VmHWM")
     halfway = asyncio.Barrier(len(clients))
     answers = [c.expect(100 + i) for i, c in enumerate(clients)]
     await asyncio.gather(
@@ -122,7 +115,7 @@ async def test_long_lines_of_many_clients_share_one_bound(
     for r in replies:
         if r["error"]["data"]["code"] == "LIMIT_EXCEEDED":
             assert r["error"]["data"]["limit"] == 256 * MiB
-    grown = _peak_mb(host.pid) - idle
+    grown = vm_mb(host.pid, "VmHWM") - idle
     assert grown < 450, f"the host grew {grown:.0f} MB for 384 MiB of lines"
     # Every client is served as usual, and nothing is held any more.
     for c in clients:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from scripts.pressure import connect_raw
+from scripts.pressure import connect_raw, vm_mb
 from tests.conftest import Client, StartHost, msg
 
 NOFILE = 128
@@ -101,14 +101,6 @@ async def test_a_connection_without_a_handshake_is_closed_at_the_deadline(
     assert (await good.call("session.list")) == {"sessions": []}
 
 
-def _rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
-
-
 @pytest.mark.parametrize("n", [40])
 async def test_an_idle_connection_holds_a_small_buffer(
     start_host: StartHost, tmp_path: Path, n: int
@@ -117,9 +109,9 @@ async def test_an_idle_connection_holds_a_small_buffer(
     host = await start_host(socket=tmp_path / "host.sock")
     first = await host.connect()
     await first.handshake()
-    before = _rss_mb(host.pid)
+    before = vm_mb(host.pid, "VmRSS")
     clients = [await host.connect() for _ in range(n)]
     for c in clients:
         await c.handshake()
-    grown = _rss_mb(host.pid) - before
+    grown = vm_mb(host.pid, "VmRSS") - before
     assert grown < 16, f"{n} idle connections took {grown:.1f} MB"
