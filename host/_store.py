@@ -414,11 +414,7 @@ class Store:
         if not rows:
             return b"", []
         start = rows[0].offset
-        size = rows[-1].offset + rows[-1].length + 1 - start
-        if size > BIG_WRITE:
-            data = await asyncio.to_thread(s.transcript.read, start, size)
-        else:
-            data = s.transcript.read(start, size)
+        data = await self._read(s, start, rows[-1].offset + rows[-1].length + 1 - start)
         ascii = data.isascii()  # then no line needs a UTF-8 decode (a copy) to check it
         spans = []
         with memoryview(data) as view:
@@ -429,6 +425,13 @@ class Store:
                     await self._damaged(s, r.line)
                 spans.append((a, b))
         return data, spans
+
+    @staticmethod
+    async def _read(s: OpenSession, offset: int, size: int) -> bytes:
+        """Read ``size`` bytes of the transcript: off the loop past :data:`BIG_WRITE`."""
+        if size > BIG_WRITE:
+            return await asyncio.to_thread(s.transcript.read, offset, size)
+        return s.transcript.read(offset, size)
 
     async def _damaged(self, s: OpenSession, line: int) -> None:
         """A line changed on disk behind the host's back: rescan, quarantine, refuse."""
@@ -460,11 +463,7 @@ class Store:
         big) but not scanned whole; what the copy holds is checked, and a line that proves
         not to be a message is damaged, as :meth:`read_rows` finds it.
         """
-        size = row.length + 1
-        if size > BIG_WRITE:
-            data = await asyncio.to_thread(s.transcript.read, row.offset, size)
-        else:
-            data = s.transcript.read(row.offset, size)
+        data = await self._read(s, row.offset, row.length + 1)
         try:
             if data[-1:] != b"\n":
                 raise ValueError("the line does not end where the index says")
@@ -569,38 +568,49 @@ class Store:
         keep_from: int = 0,
     ) -> None:
         """Replace the file by ``pieces`` and the rows from line ``keep_from`` by ``rows``."""
-        await self.index.mark_dirty(s.session_id)
-        rw = await asyncio.to_thread(self._rewrite_file, s, pieces)
-        self.count("rewrites")
-        try:
-            stamp = s.transcript.stamp()
-            line_count = keep_from + len(rows)
-            await self.index.replace_rows(
-                s.session_id, rows, stamp, line_count, now_iso(), keep_from=keep_from
-            )
-        except BaseException:
-            await asyncio.shield(asyncio.to_thread(self._undo, s, rw))
-            raise
-        rw.commit()
-        s.size = stamp.size
-        s.line_count = line_count
+        line_count = keep_from + len(rows)
+        stamp = await self._rewrite(
+            s,
+            pieces,
+            lambda st: self.index.replace_rows(
+                s.session_id, rows, st, line_count, now_iso(), keep_from=keep_from
+            ),
+        )
+        s.size, s.line_count = stamp.size, line_count
 
     async def rewrite_line(self, s: OpenSession, row: Row, new: Row, data: bytes) -> None:
         """Rewrite exactly one line; every other line is copied byte for byte."""
         end = row.offset + row.length + 1
         pieces: list[Piece] = [(0, row.offset), data + b"\n", (end, s.size - end)]
+        delta = len(data) - row.length
+        stamp = await self._rewrite(
+            s,
+            pieces,
+            lambda st: self.index.update_line(
+                s.session_id, new, delta, st, s.line_count, now_iso()
+            ),
+        )
+        s.size = stamp.size
+
+    async def _rewrite(
+        self,
+        s: OpenSession,
+        pieces: Sequence[Piece],
+        index: Callable[[FileStamp], Coroutine[Any, Any, None]],
+    ) -> FileStamp:
+        """The session marked dirty, its file replaced by ``pieces``, then ``index`` given
+        the new file's stamp; when the index refuses, the old file is put back."""
         await self.index.mark_dirty(s.session_id)
         rw = await asyncio.to_thread(self._rewrite_file, s, pieces)
         self.count("rewrites")
         try:
             stamp = s.transcript.stamp()
-            delta = len(data) - row.length
-            await self.index.update_line(s.session_id, new, delta, stamp, s.line_count, now_iso())
+            await index(stamp)
         except BaseException:
             await asyncio.shield(asyncio.to_thread(self._undo, s, rw))
             raise
         rw.commit()
-        s.size = stamp.size
+        return stamp
 
     def _rewrite_file(self, s: OpenSession, pieces: Sequence[Piece]) -> Rewrite:
         self.layout.transcript(s.session_id)  # its temp file goes into no linked folder
