@@ -24,6 +24,7 @@ from typing import Any
 import msgspec
 from msgspec import UNSET, Raw, Struct, UnsetType
 
+from outbox._files import fsync_dir, write_all, write_new
 from outbox._rows import RowRefused, refusal
 
 log = logging.getLogger("outbox.journal")
@@ -170,13 +171,8 @@ class Journal:
         it and both be unreadable.
         """
         end = os.lseek(self._fd, 0, os.SEEK_END)
-        view = memoryview(data)
         try:
-            while view:
-                n = os.write(self._fd, view)
-                if n == 0:
-                    raise OSError("journal: no room for the entry")
-                view = view[n:]
+            write_all(self._fd, data)
         except BaseException:
             os.ftruncate(self._fd, end)
             raise
@@ -275,7 +271,7 @@ class Journal:
         try:
             size = os.fstat(fd).st_size
             try:
-                os.write(fd, data)
+                write_all(fd, data)
                 os.fsync(fd)
             except BaseException:
                 os.ftruncate(fd, size)  # never half a record for the next to run into
@@ -283,21 +279,12 @@ class Journal:
         finally:
             os.close(fd)
         if size == 0:  # a new file: its name is durable only once the folder is
-            dfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+            fsync_dir(path)
 
     def _compact(self) -> None:
         """Replace the journal by its pending entries (atomic replace, folder fsync)."""
         tmp = f"{self.path}.{os.urandom(4).hex()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        try:
-            os.write(fd, b"".join(_sealed(_ENC.encode(e)) for e in self.pending.values()))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_new(tmp, b"".join(_sealed(_ENC.encode(e)) for e in self.pending.values()))
         os.rename(tmp, self.path)
         # The new file takes the appends at once: a failure from here on must never leave
         # later entries going, fsynced and "durable", into the old file, which is unlinked.
@@ -315,11 +302,7 @@ class Journal:
         """
         if self._dir_synced:
             return
-        dfd = os.open(os.path.dirname(os.path.abspath(self.path)), os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        fsync_dir(self.path)
         self._dir_synced = True
 
     def stats(self) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -186,3 +187,27 @@ async def test_drive_s_connect_sequence_sets_an_id_less_entry_aside_and_reports_
     assert "missing required field `id`" in aside[0]["reason"]
     async with spawned(data / "host") as client:
         assert [m["id"] for m in await stored(client, "s")] == ["a0", "a1"]
+
+
+async def test_rows_set_aside_are_kept_whole_when_the_disk_takes_part_of_a_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write may take part of what it is given (a filling disk, a big buffer): the rows
+    set aside are acked only once all of them are in the file, fsynced."""
+    path = tmp_path / "app" / "outbox.jsonl"
+    _write_journal(path, [("s", ECHO, "t1"), ("s", TOOL_RESULT, "t1")])
+    real_write = os.write
+
+    def short_write(fd: int, data: Any) -> int:
+        return real_write(fd, memoryview(data)[:16])  # 16 bytes a call, as POSIX allows
+
+    async with Journal.open(str(path)) as journal:
+        entries = [(e, "refused") for e in journal.pending.values()]
+        monkeypatch.setattr(os, "write", short_write)
+        await journal.set_aside(entries)
+        monkeypatch.undo()
+    rejected = (tmp_path / "app" / "outbox.jsonl.rejected").read_text()
+    aside = [json.loads(line) for line in rejected.splitlines()]
+    assert [r["message"] for r in aside] == [ECHO, TOOL_RESULT]
+    async with Journal.open(str(path)) as journal:
+        assert not journal.pending
