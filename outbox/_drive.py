@@ -170,23 +170,20 @@ async def drive(opts: Options, out: TextIO = sys.stdout) -> int:
                 for agent in run.streaming.values():
                     agent.stop()
 
-            await driver.quit(stop_agents)
-            # Within its 2 s the quit has ended the turns it could; whatever still runs
-            # stops here, its rows kept in the outbox (and its checkpoint in the host)
-            # for the next start's connect sequence.
-            work.cancel()
-            with contextlib.suppress(BaseException):
-                await work
+            await driver.quit(stop_agents)  # within its 2 s: the turns it could end
         stopper.cancel()
         if view is not None:
             view.cancel()
-        await asyncio.gather(*(pi.close() for pi in run.pis.values()))
         failed = work.exception() if work.done() and not work.cancelled() else None
-        if isinstance(failed, PiError):  # pi would not start: the other sessions end too
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await asyncio.gather(*(pi.close() for pi in run.pis.values()))
+        # Every session ends before any pi closes (one aborted by a close would go on to
+        # its next turn and start a new pi): on a quit, whatever still runs stops here, its
+        # rows kept in the outbox (and its checkpoint in the host) for the next start;
+        # when pi would not start (PiError), the other sessions end too.
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*(pi.close() for pi in run.pis.values()))
+        if isinstance(failed, PiError):
             print(f"drive: pi: {failed}", file=sys.stderr)
             await client.close()
             return 2
@@ -295,7 +292,7 @@ async def _pi_ready(
         words = PI_ROUND[0][1]
     if cut:
         agent.forget()  # pi must not keep the branch the host cut (ADR 0216)
-    rows = await _stored_rows(driver.client, sid) if cut or agent.needs_start else []
+    rows = await _stored_rows(driver.client, sid) if agent.needs_start else []  # a cut forgot it
     if cut:  # the root is the last row now: sent again, as the prompt
         words, rows = text_of(rows[-1]), rows[:-1]
     if agent.needs_start:

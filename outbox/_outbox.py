@@ -130,10 +130,6 @@ class Outbox:
                 )
                 continue
             entries = self._next_batch()
-            if not entries:  # every pending row was dropped: that is progress too
-                async with self._progress:
-                    self._progress.notify_all()
-                continue
             try:
                 results = await client.batch(
                     [("session.appendMessage", _params(e)) for e in entries]

@@ -61,7 +61,9 @@ from typing import Any, Literal
 
 import msgspec
 
+from outbox._driver import text_of
 from outbox._events import AgentEvent
+from outbox._files import fsync_dir, write_new
 
 log = logging.getLogger("outbox.pi")
 
@@ -313,21 +315,11 @@ def session_lines(rows: Sequence[Mapping[str, Any]], cwd: str) -> bytes:
 
 def _write_atomic(path: str, data: bytes) -> None:
     """Replace ``path`` by ``data``: temp file, fsync, rename, folder fsync; 0600."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, mode=0o700, exist_ok=True)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
     tmp = f"{path}.{os.urandom(4).hex()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_new(tmp, data)
     os.rename(tmp, path)
-    dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    fsync_dir(path)
 
 
 # -- the process -------------------------------------------------------------------------
@@ -489,7 +481,7 @@ class PiAgent:
         self.stderr_path = stderr_path
         self.model: str | None = None  # what pi said it runs, once started
         self.refused: str | None = None  # pi's words when it refused the last prompt
-        self.chars = 0  # text of the reply streaming, for a live view
+        self.streaming: dict[str, Any] = {}  # the reply streaming, for a live view
         self._proc: PiProcess | None = None
         self._stale = False
         self._turn: PiTurn | None = None
@@ -537,7 +529,7 @@ class PiAgent:
             raise PiError("pi is not started for this turn: call start() first")
         turn = self._turn = PiTurn(turn_id)
         self._idle.clear()
-        self.chars = 0
+        self.streaming = {}
         self.refused = None
         try:
             turn.prompt_id = self._send("prompt", message=text)
@@ -564,7 +556,7 @@ class PiAgent:
             self._send("abort")  # a Stop that raced pi's start of a run, or a retry's
         for e in out:
             if e["type"] == "message_update":
-                self.chars = sum(len(b.get("text", "")) for b in _text_blocks(e["message"]))
+                self.streaming = e["message"]  # its text is counted when the view asks
         return out
 
     def _finish(self, turn: PiTurn) -> None:
@@ -585,7 +577,7 @@ class PiAgent:
 
     def view(self) -> str:
         """How much text the reply streaming has, for a live view."""
-        return f"{self.chars:5d}ch"
+        return f"{len(text_of(self.streaming)):5d}ch"
 
     def kill(self) -> None:
         """SIGKILL pi (a crash drill); its turn ends as a crash, the next starts a new pi."""
@@ -638,11 +630,6 @@ class PiAgent:
 
 
 _ABORT_AGAIN = ("agent_start", "auto_retry_start", "message_start")
-
-
-def _text_blocks(message: Mapping[str, Any]) -> list[dict[str, Any]]:
-    content = message.get("content")
-    return [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
 
 
 def _tail(path: str | None, size: int = 600) -> str:
