@@ -812,6 +812,8 @@ _SET_FILE = (
     "UPDATE sessions SET line_count = ?, byte_size = ?, file_ino = ?, file_mtime_ns = ?,"
     " updated_at = ? WHERE session_id = ?"
 )
+_SET_FILE_CLEAN = _SET_FILE.replace(" WHERE", ", dirty = 0 WHERE")
+"""As :data:`_SET_FILE`, for a change the rows now describe whole: no longer dirty."""
 
 
 def _file_params(q: _Queued, now: str = "") -> tuple[Any, ...]:
@@ -823,5 +825,4 @@ async def _set_file(
     db: aiosqlite.Connection, session_id: str, stamp: FileStamp, line_count: int, now: str
 ) -> None:
     """Record the file as the rows now describe it, whatever changed it: no longer dirty."""
-    await db.execute(_SET_FILE, _file_params(_Queued(session_id, (), stamp, line_count, now)))
-    await db.execute("UPDATE sessions SET dirty = 0 WHERE session_id = ?", (session_id,))
+    await db.execute(_SET_FILE_CLEAN, _file_params(_Queued(session_id, (), stamp, line_count, now)))

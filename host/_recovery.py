@@ -242,7 +242,7 @@ async def reconcile(
     tail = False
     if hint is not None and not full:
         tail = await asyncio.to_thread(_tail_only, store, session_id, hint)
-    if hint is not None and not tail:
+    if hint is not None and not tail and not hint.dirty:  # a mark read back is synced
         # A whole scan may rewrite the file (a bad line quarantined): its rows can then be
         # trusted only once the commit after it is; until then the mark says rescan.
         await store.index.mark_dirty(session_id)

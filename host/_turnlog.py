@@ -71,15 +71,16 @@ class TurnLog:
         except FileNotFoundError:
             fd = fs.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL)
             created = True
+        line = _encode(record) + b"\n"
         try:
             before = os.fstat(fd).st_size
             try:
-                fs.write_all(fd, _encode(record) + b"\n")
+                fs.write_all(fd, line)  # all of it, or it raises
                 fs.fsync(fd)
             except BaseException:
                 fs.ftruncate(fd, before)  # a failed change leaves no half line behind
                 raise
-            after = os.fstat(fd).st_size
+            after = before + len(line)
         finally:
             fs.close(fd)
         if created:
