@@ -25,7 +25,7 @@ from host._messages import Message, parse_all, parse_stored
 from host._recovery import stored_row
 from host._sessions import SessionMethods
 from host._store import NewLine, OpenSession, Store
-from host._transcript import Piece, Transcript
+from host._transcript import Piece
 from host._turns import TurnMethods
 from host._wire import (
     ENCODER,
@@ -302,14 +302,9 @@ class HistoryMethods:
 
     async def _tidy(self, sid: str, intent: Intent) -> None:
         try:  # the change is made: tidying up can no longer fail the call
-            await asyncio.to_thread(self._finish, sid, intent)
+            await asyncio.to_thread(self.intents.finish, intent)
         except OSError as exc:
             log.warning("session %s: intent left after a finished change: %s", sid, exc)
-
-    def _finish(self, sid: str, intent: Intent) -> None:
-        self.intents.clear(sid)
-        if isinstance(intent.archive, ArchiveStep):
-            self.archive.prune(sid, intent.archive.root_id)
 
     def _undo(self, s: OpenSession, intent: Intent, old: list[Revision]) -> None:
         sid = s.session_id
@@ -318,7 +313,7 @@ class HistoryMethods:
                 raise OSError("the transcript's own undo failed")
             if isinstance(intent.archive, ArchiveStep):
                 self.archive.commit(sid, intent.archive.root_id, old)
-            self._finish(sid, intent)
+            self.intents.finish(intent)
         except OSError as exc:
             log.error(
                 "session %s: a failed change could not be undone (%s): it will be finished"
@@ -512,16 +507,11 @@ class HistoryMethods:
         """Finish the file steps of intents a dead host left (before reconciliation)."""
         done = []
         for intent in self.intents.pending():
-            path = self.store.layout.transcript(intent.session_id)
             try:
-                t = Transcript(self.store.fs, path)
+                self.intents.apply_to_transcript(intent)
             except FileNotFoundError:
                 self.intents.clear(intent.session_id)
                 continue
-            try:
-                self.intents.apply_files(intent, t.fd)
-            finally:
-                t.close()
             log.warning("session %s: unfinished change completed at start", intent.session_id)
             self.store.count("recovery.intents_finished")
             done.append(intent)
@@ -548,7 +538,7 @@ class HistoryMethods:
                             revs = revisions_of(intent.archive)
                             branch = self.archive.read(sid, root.message_id, revs[rev])
                         await self._stamp(s, root, msg, stamp.pager, branch)
-                self._finish(sid, intent)
+                self.intents.finish(intent)
 
 
 def _rev(r: Revision) -> dict[str, object]:

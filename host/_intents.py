@@ -20,6 +20,7 @@ from msgspec import UNSET, Raw, Struct, UnsetType
 from host._archive import Archive, Revision
 from host._fs import FileSystem, NotRegularFile, read_regular
 from host._layout import Layout
+from host._transcript import Transcript
 
 log = logging.getLogger("host.intents")
 
@@ -151,6 +152,20 @@ class Intents:
                 continue
             out.append(intent)
         return out
+
+    def apply_to_transcript(self, intent: Intent) -> None:
+        """:meth:`apply_files` on the session's transcript (``FileNotFoundError``: gone)."""
+        t = Transcript(self.fs, self.layout.transcript(intent.session_id))
+        try:
+            self.apply_files(intent, t.fd)
+        finally:
+            t.close()
+
+    def finish(self, intent: Intent) -> None:
+        """Clear a change that is made, and drop the archive payloads it left unnamed."""
+        self.clear(intent.session_id)
+        if isinstance(intent.archive, ArchiveStep):
+            self.archive.prune(intent.session_id, intent.archive.root_id)
 
     def apply_files(self, intent: Intent, fd: int) -> None:
         """Make the archive and the cut as the intent says (``fd``: the transcript).

@@ -28,7 +28,7 @@ from host._checkpoints import Checkpoint, Checkpoints
 from host._errors import NotFound, StorageError
 from host._fs import FileSystem
 from host._index import Index, Row, now_iso
-from host._intents import ArchiveStep, Intents
+from host._intents import Intents
 from host._layout import Layout, UnsafeFolder
 from host._limits import OPEN_TRANSCRIPTS
 from host._locks import LockTable
@@ -317,14 +317,8 @@ class Store:
         """
         intent = self.intents.read(session_id)
         if intent is not None:
-            t = Transcript(self.fs, self.layout.transcript(session_id))
-            try:
-                self.intents.apply_files(intent, t.fd)
-            finally:
-                t.close()
-            self.intents.clear(session_id)
-            if isinstance(intent.archive, ArchiveStep):
-                self.archive.prune(session_id, intent.archive.root_id)
+            self.intents.apply_to_transcript(intent)
+            self.intents.finish(intent)
             log.warning("session %s: a change cut short by the disk is finished", session_id)
         self.intents.unfinished.discard(session_id)
 
