@@ -710,9 +710,13 @@ class Connection:
             self.writer_gone()
 
     async def finish(self) -> None:
-        """Wait for every call in flight and every reply to be written."""
+        """Wait for every call in flight and every reply to be written.
+
+        Cancelling this wait cancels no call (``asyncio.wait``, not ``gather``): a call
+        that has started runs to its end whatever happens to its client.
+        """
         while self.tasks:
-            await asyncio.gather(*list(self.tasks), return_exceptions=True)
+            await asyncio.wait(list(self.tasks))
         self._flush()
         if self._pausing:  # the connection is done: it no longer counts as paused
             self._pausing = False

@@ -7,15 +7,19 @@ write answers ``STORAGE_ERROR`` and loses nothing that was acknowledged.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import contextvars
 import ctypes
 import errno
 import fcntl
+import functools
 import os
 import stat
-from collections.abc import Sequence
-from typing import TypeAlias
+from collections.abc import Callable, Sequence
+from typing import Any, TypeAlias, TypeVar
 
+T = TypeVar("T")
 Buffer: TypeAlias = bytes | memoryview
 """What the write calls take (msgspec's ``Raw`` is passed as a ``memoryview`` of it)."""
 FILE_MODE = 0o600
@@ -43,6 +47,27 @@ _fallocate = getattr(_LIBC, "fallocate", None)  # Linux: posix_fallocate cannot 
 if _fallocate is not None:
     _fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
     _fallocate.restype = ctypes.c_int
+
+
+async def on_thread(fn: Callable[..., T], /, *args: Any) -> T:
+    """Run ``fn(*args)`` on a worker thread; return (or raise) only once it has ended.
+
+    A cancel that arrives meanwhile is raised after the thread's work, never before: the
+    caller still holds its session while the thread writes, and its cleanup runs after
+    it (trio's ``abandon_on_cancel=False``; ``asyncio.to_thread`` abandons the thread,
+    and a rewrite renamed over a transcript after its session had passed to the next
+    call, dropping that call's acknowledged append).
+    """
+    loop = asyncio.get_running_loop()
+    run = functools.partial(contextvars.copy_context().run, fn, *args)
+    work = loop.run_in_executor(None, run)
+    try:
+        return await asyncio.shield(work)
+    except asyncio.CancelledError:
+        while not work.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait([work])
+        raise
 
 
 class FileSystem:

@@ -9,7 +9,6 @@ it up to the next user message. Multi-file changes are written down first as an 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
@@ -19,6 +18,7 @@ from msgspec import UNSET, Raw
 
 from host._archive import ArchiveDamaged, Revision
 from host._errors import AgentBusy, Conflict, InvalidParams, NotFound
+from host._fs import on_thread
 from host._index import Row, now_iso
 from host._intents import ArchiveStep, CutStep, Intent, StampStep, revisions_of
 from host._messages import Message, parse_all, parse_stored
@@ -169,7 +169,7 @@ class HistoryMethods:
             self.archive.prune(sid, p.root_id)
             return len(revs)
 
-        count = await asyncio.to_thread(write)
+        count = await on_thread(write)
         return SaveRevisionResult(revision=count - 1, revision_count=count)
 
     async def list_revisions(self, p: ListRevisionsParams) -> ListRevisionsResult:
@@ -215,7 +215,7 @@ class HistoryMethods:
             )
         lines = await s.read_rows(branch)
         old = self.archive.load(sid, root_id)
-        revs, slot = await asyncio.to_thread(self._plan, sid, root_id, active, lines)
+        revs, slot = await on_thread(self._plan, sid, root_id, active, lines)
         pager = _pager(root_id, len(revs), slot)
         stamped = pager != msg.pager()
         intent = Intent(
@@ -253,10 +253,10 @@ class HistoryMethods:
         if lines and p.revision == _slot(active, len(old)):
             chosen = lines  # the slot the branch is archived into: it stays
         else:
-            chosen = await asyncio.to_thread(self.archive.read, sid, p.root_id, old[p.revision])
+            chosen = await on_thread(self.archive.read, sid, p.root_id, old[p.revision])
         await self._check_ids(s, branch, chosen)  # before anything is written
         if lines:
-            revs, _ = await asyncio.to_thread(self._plan, sid, p.root_id, active, lines)
+            revs, _ = await on_thread(self._plan, sid, p.root_id, active, lines)
         else:
             revs = old
         pager = _pager(p.root_id, len(revs), p.revision)
@@ -287,22 +287,20 @@ class HistoryMethods:
         is undone by its own recipe. Only when the undo itself fails does the intent stay,
         and the change is then finished at the next start (the new state, never a third).
         """
-        await asyncio.to_thread(self.intents.record, intent)
+        await on_thread(self.intents.record, intent)
         try:
             if isinstance(intent.archive, ArchiveStep):
                 revs = revisions_of(intent.archive)
-                await asyncio.to_thread(
-                    self.archive.commit, s.session_id, intent.archive.root_id, revs
-                )
+                await on_thread(self.archive.commit, s.session_id, intent.archive.root_id, revs)
             await work()
         except BaseException:
-            await asyncio.shield(asyncio.to_thread(self._undo, s, intent, old))
+            await on_thread(self._undo, s, intent, old)
             raise
         await self._tidy(s.session_id, intent)
 
     async def _tidy(self, sid: str, intent: Intent) -> None:
         try:  # the change is made: tidying up can no longer fail the call
-            await asyncio.to_thread(self.intents.finish, intent)
+            await on_thread(self.intents.finish, intent)
         except OSError as exc:
             log.warning("session %s: intent left after a finished change: %s", sid, exc)
 
@@ -373,12 +371,12 @@ class HistoryMethods:
         own, which needs no new space; then the index follows."""
         # Read once (O(cut)) only to put back what a failing disk cut but could not make
         # durable; a full disk cannot fail a cut.
-        tail = await asyncio.to_thread(s.transcript.read, offset, s.size - offset)
+        tail = await on_thread(s.transcript.read, offset, s.size - offset)
         await s.mark_dirty()
         try:
-            await asyncio.to_thread(self.store.cut_file, s, offset)
+            await on_thread(self.store.cut_file, s, offset)
         except BaseException:
-            await asyncio.shield(asyncio.to_thread(self._put_back, s, offset, tail))
+            await on_thread(self._put_back, s, offset, tail)
             raise
         await self._index_cut(s, [], cut, keep_from=cut)
 
@@ -409,21 +407,21 @@ class HistoryMethods:
         branch = await self._branch(s, root)
         lines = await s.read_rows(branch)
         _, active = _stamp_of(msg)
-        revs, _slot = await asyncio.to_thread(self._plan, sid, root.message_id, active, lines)
+        revs, _slot = await on_thread(self._plan, sid, root.message_id, active, lines)
         n = len(revs)
         nl = NewLine.of(msg, msg.turn_id, _pager(root.message_id, n + 1, n))
         # What is cut is read once (O(cut)): it is hashed into the intent, so the cut
         # applies to exactly these bytes.
-        tail = await asyncio.to_thread(s.transcript.read, root.offset, s.size - root.offset)
+        tail = await on_thread(s.transcript.read, root.offset, s.size - root.offset)
         step = CutStep.planned(root.offset, tail, nl.data)
         intent = Intent(
             sid, archive=ArchiveStep(root.message_id, [_rev(r) for r in revs]), cut=step
         )
         await self._at("intent-recorded")
         await s.mark_dirty()  # before the point of no return
-        manifest = await asyncio.to_thread(self._take_space, s, intent)
+        manifest = await on_thread(self._take_space, s, intent)
         try:
-            await asyncio.to_thread(self._cut_in_place, s, intent, manifest)
+            await on_thread(self._cut_in_place, s, intent, manifest)
         except BaseException:
             self.intents.unfinished.add(sid)
             self.store.forget(sid)

@@ -9,7 +9,6 @@ silently dropped. A clean session costs one ``stat``: start is O(sessions), not 
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import datetime as dt
 import json
@@ -21,7 +20,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from host._fs import FileSystem, read_regular
+from host._fs import FileSystem, on_thread, read_regular
 from host._index import Index, Row, SessionRow, now_iso
 from host._layout import SPARE, Layout
 from host._messages import Message, pager_json, parse_stored
@@ -241,12 +240,12 @@ async def reconcile(
     hint = await store.index.session(session_id)
     tail = False
     if hint is not None and not full:
-        tail = await asyncio.to_thread(_tail_only, store, session_id, hint)
+        tail = await on_thread(_tail_only, store, session_id, hint)
     if hint is not None and not tail and not hint.dirty:  # a mark read back is synced
         # A whole scan may rewrite the file (a bad line quarantined): its rows can then be
         # trusted only once the commit after it is; until then the mark says rescan.
         await store.index.mark_dirty(session_id)
-    result, start_line, stamp = await asyncio.to_thread(_repair_file, store, session_id, hint, tail)
+    result, start_line, stamp = await on_thread(_repair_file, store, session_id, hint, tail)
     if start_line > 0:
         # A tail scan knows only the tail's ids: a line repeating an older id is bad too.
         dupes = [r for r in result.rows if await store.index.lookup(session_id, r.message_id)]
@@ -327,7 +326,7 @@ async def reconcile_turns(store: Store, session_id: str, row: SessionRow | None)
     if size == held and row is not None:
         return
     whole = size < held or row is None
-    records, end = await asyncio.to_thread(store.turnlog.read, session_id, 0 if whole else held)
+    records, end = await on_thread(store.turnlog.read, session_id, 0 if whole else held)
     await store.index.record_turns(session_id, records, end, whole=whole)
     log.info("session %s: %d turn change(s) replayed from its log", session_id, len(records))
 

@@ -26,7 +26,7 @@ from typing import Any
 from host._endpoint import Connection
 from host._errors import LimitExceeded, NotHandshaken
 from host._framing import CHUNK, LineReader
-from host._fs import DIR_MODE, NotRegularFile, open_regular, read_regular
+from host._fs import DIR_MODE, NotRegularFile, on_thread, open_regular, read_regular
 from host._index import BUSY_TIMEOUT, DISK_FULL, NOT_WRITABLE, IndexBusy
 from host._layout import UnsafeDataDir
 from host._limits import (
@@ -197,7 +197,7 @@ class _FileWriter:
         try:
             while self.buf:
                 data, self.buf = b"".join(self.buf), []
-                await asyncio.to_thread(_write_all, self.fd, data)
+                await on_thread(_write_all, self.fd, data)
         finally:
             self._writing = None
 

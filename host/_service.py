@@ -23,7 +23,7 @@ from msgspec import Struct, structs
 from host._call import CallState
 from host._endpoint import Stats
 from host._framing import RequestBudget
-from host._fs import FileSystem
+from host._fs import FileSystem, on_thread
 from host._history import HistoryMethods
 from host._index import (
     BUSY_TIMEOUT,
@@ -167,12 +167,12 @@ class Host:
             if os.path.exists(path):
                 os.chmod(path, 0o600)
         host = cls(store, Report(), limits)
-        await asyncio.to_thread(store.remove_leftovers)  # before anything reads them
-        intents = await asyncio.to_thread(host.history.apply_intent_files)
+        await on_thread(store.remove_leftovers)  # before anything reads them
+        intents = await on_thread(host.history.apply_intent_files)
         host.report = report = await recover(store, rescan={i.session_id for i in intents})
         await host.history.finish_intents(intents)
         await host.turns.recover_at_start()
-        await asyncio.to_thread(_sweep_archives, store)
+        await on_thread(_sweep_archives, store)
         log.info(
             "recovered %d session(s): %d reconciled, %d line(s) indexed, %d torn tail(s),"
             " %d line(s) quarantined, %d temp file(s) removed",

@@ -7,7 +7,6 @@ can never be overwritten: every rewrite re-reads the file inside the lock.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
@@ -17,6 +16,7 @@ import msgspec
 from msgspec import UNSET, Raw
 
 from host._errors import Conflict, HostError, LimitExceeded, NotFound
+from host._fs import on_thread
 from host._index import Row, SessionRow, now_iso
 from host._messages import (
     Message,
@@ -67,7 +67,7 @@ class SessionMethods:
         title = p.title if isinstance(p.title, str) else None
         if await self.store.index.session(sid) is not None:
             return CreateResult(session_id=sid, created=False)
-        if twin := await asyncio.to_thread(self.store.layout.case_twin, sid):
+        if twin := await on_thread(self.store.layout.case_twin, sid):
             raise Conflict(
                 f"session {twin!r} exists: an id that differs from it only in case would"
                 " be the same file on a case-insensitive file system",
@@ -93,11 +93,11 @@ class SessionMethods:
                 t.close()
 
         try:
-            st = await asyncio.to_thread(make_files)
+            st = await on_thread(make_files)
             row = SessionRow(sid, title, now, now, 0, 0, st.ino, st.mtime_ns)
             await self.store.index.create_session(row)
         except BaseException:
-            await asyncio.shield(asyncio.to_thread(self.store.remove_files, sid))
+            await on_thread(self.store.remove_files, sid)
             raise
         return CreateResult(session_id=sid, created=True)
 
@@ -120,14 +120,14 @@ class SessionMethods:
         await self.store.open_session(sid)  # NOT_FOUND for an absent session
         self.store.forget(sid)
         await self.store.index.mark_dirty(sid)  # a same-id session may follow its rows
-        await asyncio.to_thread(self.store.bury, sid)  # the commit
+        await on_thread(self.store.bury, sid)  # the commit
         try:
             await self.store.index.delete_session(sid)
         except BaseException:
-            await asyncio.shield(asyncio.to_thread(self.store.unbury, sid))
+            await on_thread(self.store.unbury, sid)
             raise
         try:
-            await asyncio.to_thread(self.store.remove_files, sid)
+            await on_thread(self.store.remove_files, sid)
         except OSError as exc:  # deleted all the same: the rest goes at the next start
             log.warning("session %s: deleted; its files go at the next start: %s", sid, exc)
         return DeleteResult(deleted=True)

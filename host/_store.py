@@ -26,7 +26,7 @@ from msgspec import Raw
 from host._archive import Archive
 from host._checkpoints import Checkpoint, Checkpoints
 from host._errors import NotFound, StorageError
-from host._fs import FileSystem
+from host._fs import FileSystem, on_thread
 from host._index import Index, Row, now_iso
 from host._intents import Intents
 from host._layout import Layout, UnsafeFolder
@@ -150,7 +150,7 @@ class OpenSession:
         await self.store.durably(len(message), cps.save, *args)
 
     def remove_checkpoint(self) -> Coroutine[Any, Any, None]:
-        return asyncio.to_thread(self.store.checkpoints.remove, self.session_id)
+        return on_thread(self.store.checkpoints.remove, self.session_id)
 
 
 @dataclass(slots=True)
@@ -270,7 +270,7 @@ class Store:
                 lags = True
         if session_id in self.intents.unfinished:
             self.forget(session_id)
-            await asyncio.to_thread(self.finish_change, session_id)
+            await on_thread(self.finish_change, session_id)
             lags = True
         s = self._open.pop(session_id, None)
         if s is not None:
@@ -424,7 +424,7 @@ class Store:
     async def _read(s: OpenSession, offset: int, size: int) -> bytes:
         """Read ``size`` bytes of the transcript: off the loop past :data:`BIG_WRITE`."""
         if size > BIG_WRITE:
-            return await asyncio.to_thread(s.transcript.read, offset, size)
+            return await on_thread(s.transcript.read, offset, size)
         return s.transcript.read(offset, size)
 
     async def _damaged(self, s: OpenSession, line: int) -> None:
@@ -488,7 +488,7 @@ class Store:
             if not defer_index:
                 await self.index.append(s.session_id, rows, stamp, count, now_iso())
         except BaseException:
-            await asyncio.shield(asyncio.to_thread(self._cut_back, s, offset))
+            await on_thread(self._cut_back, s, offset)
             raise
         if defer_index:
             self.index.queue_append(s.session_id, rows, stamp, count)
@@ -510,7 +510,7 @@ class Store:
         if self.fsyncs.inline and size <= BIG_WRITE:
             done, took = _timed(write, *args)
         else:  # timed on the thread: a busy loop's delay in taking it back is not the disk's
-            done, took = await asyncio.to_thread(_timed, write, *args)
+            done, took = await on_thread(_timed, write, *args)
         self.fsyncs.note(max(0.0, took - size / RATE))
         return done
 
@@ -527,7 +527,7 @@ class Store:
         try:
             await self.index.record_turns(session_id, [rec], after)
         except BaseException:
-            await asyncio.shield(asyncio.to_thread(self._take_back_turn, session_id, before))
+            await on_thread(self._take_back_turn, session_id, before)
             raise
 
     def _take_back_turn(self, session_id: str, size: int) -> None:
@@ -595,13 +595,13 @@ class Store:
         """The session marked dirty, its file replaced by ``pieces``, then ``index`` given
         the new file's stamp; when the index refuses, the old file is put back."""
         await self.index.mark_dirty(s.session_id)
-        rw = await asyncio.to_thread(self._rewrite_file, s, pieces)
+        rw = await on_thread(self._rewrite_file, s, pieces)
         self.count("rewrites")
         try:
             stamp = s.transcript.stamp()
             await index(stamp)
         except BaseException:
-            await asyncio.shield(asyncio.to_thread(self._undo, s, rw))
+            await on_thread(self._undo, s, rw)
             raise
         rw.commit()
         return stamp

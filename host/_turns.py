@@ -17,6 +17,7 @@ from msgspec import UNSET, Raw
 from host._call import CallState
 from host._checkpoints import Checkpoint
 from host._errors import AgentBusy, InvalidParams, NotFound
+from host._fs import on_thread
 from host._messages import Head, Status, incoming_head, parse_incoming, parse_stored
 from host._recovery import quarantine
 from host._sessions import SessionMethods
@@ -210,7 +211,7 @@ class TurnMethods:
             s = await self.store.open_session(sid)
         except NotFound:
             log.warning("checkpoint of absent session %s removed", sid)
-            await asyncio.to_thread(self.checkpoints.remove, sid)
+            await on_thread(self.checkpoints.remove, sid)
             return None
         cp = s.checkpoint()
         if cp is None:
