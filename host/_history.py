@@ -9,7 +9,6 @@ it up to the next user message. Multi-file changes are written down first as an 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from collections.abc import Awaitable, Callable, Sequence
@@ -20,7 +19,7 @@ from host._archive import ArchiveDamaged, Revision
 from host._errors import AgentBusy, Conflict, InvalidParams, NotFound
 from host._fs import on_thread
 from host._index import Row, now_iso
-from host._intents import ArchiveStep, CutStep, Intent, StampStep, revisions_of
+from host._intents import Change, Cut
 from host._messages import Message, parse_all, parse_stored
 from host._recovery import stored_row
 from host._sessions import SessionMethods
@@ -127,17 +126,20 @@ class HistoryMethods:
         msg: Message,
         pager: dict[str, Raw],
         branch: Sequence[bytes] | None,
-    ) -> None:
-        """Rewrite the root's line with ``pager`` (and its branch by ``branch``, if given)."""
+    ) -> tuple[list[Piece], Callable[[], Awaitable[None]]]:
+        """The transcript with the root's line stamped with ``pager`` (and its branch
+        replaced by ``branch``, if given), as pieces; and what makes the index follow it."""
         nl = NewLine.of(msg, msg.turn_id, pager)
+        new_root = nl.row(root.line, root.offset)
         if branch is None:
-            await s.rewrite_line(root, nl.row(root.line, root.offset), nl.data)
-            return
+            end = root.offset + root.length + 1
+            pieces: list[Piece] = [(0, root.offset), nl.data + b"\n", (end, s.size - end)]
+            return pieces, lambda: self.store.follow_line(s, root, new_root, nl.data)
         old = await self._branch(s, root)
         end_line = root.line + 1 + len(old)
         end_off = old[-1].offset + old[-1].length + 1 if old else root.offset + root.length + 1
-        pieces: list[Piece] = [(0, root.offset), nl.data + b"\n"]
-        rows = [nl.row(root.line, root.offset)]
+        pieces = [(0, root.offset), nl.data + b"\n"]
+        rows = [new_root]
         pos = root.offset + len(nl.data) + 1
         for line in branch:
             m = parse_stored(line)
@@ -149,7 +151,31 @@ class HistoryMethods:
         for r in await s.rows(end_line):
             rows.append(r._replace(line=root.line + len(rows), offset=pos))
             pos += r.length + 1
-        await s.rewrite(pieces, rows, keep_from=root.line)
+        return pieces, lambda: self.store.follow(s, rows, keep_from=root.line)
+
+    async def _archive(
+        self,
+        s: OpenSession,
+        root_id: str,
+        old: list[Revision],
+        revs: list[Revision],
+        pieces: list[Piece] | None,
+    ) -> None:
+        """Commit the root's archive ``revs`` (payloads written) and the transcript of
+        ``pieces`` together, as one change (:mod:`host._intents`)."""
+        sid = s.session_id
+        change = Change(sid)
+        if revs != old:
+            change.root_id = root_id
+            change.payloads = [r.file for r in revs if r not in old]
+
+        def prepare(c: Change) -> None:
+            if c.root_id is not None:
+                c.manifest = os.path.basename(self.archive.prepare(sid, root_id, revs))
+            if pieces is not None:
+                c.transcript = s.transcript.prepare(pieces)
+
+        await self.store.change(s, change, prepare)
 
     # -- methods --------------------------------------------------------------------
 
@@ -161,7 +187,6 @@ class HistoryMethods:
         lines = [m.stored_line(turn_id=m.turn_id, pager={}) for m in msgs]
 
         def write() -> int:
-            self.intents.settle(sid)  # a leftover's replay would drop this revision
             revs = self.archive.load(sid, p.root_id)
             name = self.archive.write_payload(sid, p.root_id, len(revs), lines)
             revs.append(Revision(len(revs), name, len(lines), now_iso()))
@@ -218,17 +243,10 @@ class HistoryMethods:
         revs, slot = await on_thread(self._plan, sid, root_id, active, lines)
         pager = _pager(root_id, len(revs), slot)
         stamped = pager != msg.pager()
-        intent = Intent(
-            sid,
-            archive=ArchiveStep(root_id, [_rev(r) for r in revs]),
-            stamp=StampStep(root_id, pager) if stamped else UNSET,
-        )
-
-        async def stamp() -> None:
-            if stamped:
-                await self._stamp(s, root, msg, pager, None)
-
-        await self._carry_out(s, intent, old, stamp)
+        pieces, follow = await self._stamp(s, root, msg, pager, None) if stamped else (None, None)
+        await self._archive(s, root_id, old, revs, pieces)
+        if follow is not None:
+            await follow()
         return SaveActiveResult(
             root_id=root_id,
             revision_count=len(revs),
@@ -262,65 +280,10 @@ class HistoryMethods:
         pager = _pager(p.root_id, len(revs), p.revision)
         if revs == old and chosen == lines and pager == msg.pager():
             return ActivateResult(active_revision=p.revision, revision_count=len(revs))
-        intent = Intent(
-            sid,
-            archive=ArchiveStep(p.root_id, [_rev(r) for r in revs]),
-            stamp=StampStep(p.root_id, pager, branch_revision=p.revision),
-        )
-
-        async def swap() -> None:
-            await self._stamp(s, root, msg, pager, chosen)
-
-        await self._carry_out(s, intent, old, swap)
+        pieces, follow = await self._stamp(s, root, msg, pager, chosen)
+        await self._archive(s, p.root_id, old, revs, pieces)
+        await follow()
         return ActivateResult(active_revision=p.revision, revision_count=len(revs))
-
-    async def _carry_out(
-        self,
-        s: OpenSession,
-        intent: Intent,
-        old: list[Revision],
-        work: Callable[[], Awaitable[None]],
-    ) -> None:
-        """Record the intent, commit its archive and do ``work``; on failure, undo it all.
-
-        A failed call changes nothing: the old manifest goes back and the stamp's rewrite
-        is undone by its own recipe. Only when the undo itself fails does the intent stay,
-        and the change is then finished at the next start (the new state, never a third).
-        """
-        await on_thread(self.intents.record, intent)
-        try:
-            if isinstance(intent.archive, ArchiveStep):
-                revs = revisions_of(intent.archive)
-                await on_thread(self.archive.commit, s.session_id, intent.archive.root_id, revs)
-            await work()
-        except BaseException:
-            await on_thread(self._undo, s, intent, old)
-            raise
-        await self._tidy(s.session_id, intent)
-
-    async def _tidy(self, sid: str, intent: Intent) -> None:
-        try:  # the change is made: tidying up can no longer fail the call
-            await on_thread(self.intents.finish, intent)
-        except OSError as exc:
-            log.warning("session %s: intent left after a finished change: %s", sid, exc)
-
-    def _undo(self, s: OpenSession, intent: Intent, old: list[Revision]) -> None:
-        sid = s.session_id
-        try:
-            if not self.store.is_open(s):
-                raise OSError("the transcript's own undo failed")
-            if isinstance(intent.archive, ArchiveStep):
-                self.archive.commit(sid, intent.archive.root_id, old)
-            self.intents.finish(intent)
-        except OSError as exc:
-            log.error(
-                "session %s: a failed change could not be undone (%s): it will be finished"
-                " at the next start",
-                sid,
-                exc,
-            )
-        finally:
-            self.store.forget(sid)  # reopened, and reconciled if need be, on next use
 
     async def _check_ids(
         self, s: OpenSession, branch: Sequence[Row], chosen: Sequence[bytes]
@@ -369,111 +332,43 @@ class HistoryMethods:
     async def _plain_cut(self, s: OpenSession, offset: int, cut: int) -> None:
         """Cut the transcript at ``offset`` (line ``cut``): one ``ftruncate``, atomic on its
         own, which needs no new space; then the index follows."""
-        # Read once (O(cut)) only to put back what a failing disk cut but could not make
-        # durable; a full disk cannot fail a cut.
-        tail = await on_thread(s.transcript.read, offset, s.size - offset)
-        await s.mark_dirty()
-        try:
-            await on_thread(self.store.cut_file, s, offset)
-        except BaseException:
-            await on_thread(self._put_back, s, offset, tail)
-            raise
-        await self._index_cut(s, [], cut, keep_from=cut)
-
-    def _put_back(self, s: OpenSession, offset: int, tail: bytes) -> None:
-        try:
-            fs, fd = self.store.fs, s.transcript.fd
-            if os.fstat(fd).st_size != offset + len(tail):  # cut, if not durably
-                fs.ftruncate(fd, offset)
-                fs.write_all(fd, tail)
-                fs.fsync(fd)
-        except OSError as exc:
-            log.error("session %s: a failed cut could not be put back: %s", s.session_id, exc)
-        self.store.forget(s.session_id)  # reopened, and reconciled if need be, on next use
+        await self.store.change(s, Change(s.session_id, cut=Cut(offset)), _nothing)
+        await self.store.follow(s, [], keep_from=cut)
 
     async def _regenerate(self, s: OpenSession, root: Row, cut: int) -> tuple[Pager, int]:
         """Cut the root's branch away (from line ``cut``), archive it, restamp the root.
 
-        Everything that needs new space comes first: the archived branch's payload, the
-        manifest that will name it (a temp file), room for the restamped root line when it
-        is longer than what it replaces, and the intent. A full disk fails one of those, and
-        the call changes nothing. Past the intent (the point of no return) the manifest is
-        renamed in, the root line written over the bytes it replaces and the file cut after
-        it: no new space (issue 26, case 9). A disk that fails there (EIO) leaves the change
-        to be finished when the session is next used, or at the next start.
+        One change (:mod:`host._intents`): the archived branch's payload, the manifest that
+        will name it and room for the restamped root line (when it is longer than what it
+        replaces) are prepared; then the manifest is renamed in, the root line written over
+        the bytes it replaces and the file cut after it, which needs no new space.
         """
         sid = s.session_id
         _, msg = await self._root(s, root.message_id)
         branch = await self._branch(s, root)
         lines = await s.read_rows(branch)
         _, active = _stamp_of(msg)
+        old = self.archive.load(sid, root.message_id)
         revs, _slot = await on_thread(self._plan, sid, root.message_id, active, lines)
         n = len(revs)
         nl = NewLine.of(msg, msg.turn_id, _pager(root.message_id, n + 1, n))
-        # What is cut is read once (O(cut)): it is hashed into the intent, so the cut
-        # applies to exactly these bytes.
-        tail = await on_thread(s.transcript.read, root.offset, s.size - root.offset)
-        step = CutStep.planned(root.offset, tail, nl.data)
-        intent = Intent(
-            sid, archive=ArchiveStep(root.message_id, [_rev(r) for r in revs]), cut=step
+        change = Change(
+            sid,
+            root_id=root.message_id,
+            payloads=[r.file for r in revs if r not in old],
+            cut=Cut(root.offset, nl.data.decode()),
         )
+        end, size = root.offset + len(nl.data) + 1, s.size
+
+        def prepare(c: Change) -> None:
+            c.manifest = os.path.basename(self.archive.prepare(sid, root.message_id, revs))
+            if end > size:  # the root line grows the file: room for it now
+                self.store.fs.reserve(s.transcript.fd, size, end - size)
+
         await self._at("intent-recorded")
-        await s.mark_dirty()  # before the point of no return
-        manifest = await on_thread(self._take_space, s, intent)
-        try:
-            await on_thread(self._cut_in_place, s, intent, manifest)
-        except BaseException:
-            self.intents.unfinished.add(sid)
-            self.store.forget(sid)
-            raise
-        await self._index_cut(s, [nl.row(root.line, root.offset)], cut, keep_from=root.line)
-        await self._tidy(sid, intent)
+        await self.store.change(s, change, prepare)
+        await self.store.follow(s, [nl.row(root.line, root.offset)], keep_from=root.line)
         return Pager(root_id=root.message_id, revision_count=n + 1, active_revision=n), len(lines)
-
-    def _take_space(self, s: OpenSession, intent: Intent) -> str:
-        """Take the space the change needs, then record it; return the prepared manifest.
-
-        On a failure nothing is recorded and what was written is removed: no change.
-        """
-        assert isinstance(intent.archive, ArchiveStep) and isinstance(intent.cut, CutStep)
-        sid, root_id, cut = s.session_id, intent.archive.root_id, intent.cut
-        manifest = ""
-        try:
-            manifest = self.archive.prepare(sid, root_id, revisions_of(intent.archive))
-            if cut.end > cut.before:  # the root line grows the file: room for it now
-                self.store.fs.reserve(s.transcript.fd, cut.before, cut.end - cut.before)
-            self.intents.record(intent)  # the point of no return
-        except BaseException:
-            with contextlib.suppress(OSError):
-                if manifest:
-                    self.store.fs.unlink(manifest)
-                self.archive.prune(sid, root_id)  # the new payload: the manifest names none
-            raise
-        return manifest
-
-    def _cut_in_place(self, s: OpenSession, intent: Intent, manifest: str) -> None:
-        """Past the point of no return: nothing here needs new space."""
-        assert isinstance(intent.archive, ArchiveStep)
-        self.archive.install(s.session_id, intent.archive.root_id, manifest)
-        self.intents.apply_cut(intent, s.transcript.fd)
-
-    async def _index_cut(self, s: OpenSession, rows: list[Row], cut: int, keep_from: int) -> None:
-        """Make the index follow a cut the file already holds, durably.
-
-        The change is made, so the call succeeds whatever the index does: one that cannot
-        follow (a full disk fails its commit) lags, and the session is rebuilt from its file
-        before it is served again, as after a failed batch of appends.
-        """
-        stamp = s.transcript.stamp()
-        try:
-            await self.store.index.replace_rows(
-                s.session_id, rows, stamp, cut, now_iso(), keep_from=keep_from
-            )
-        except Exception as exc:
-            log.error("session %s: the index did not follow a cut (%s)", s.session_id, exc)
-            self.store.index_lags(s.session_id)
-            return
-        s.size, s.line_count = stamp.size, cut
 
     async def _will_resolve(self, s: OpenSession, p: TruncateParams) -> bool:
         """Whether the cut resolves once the running turn is settled (its checkpoint too)."""
@@ -501,48 +396,17 @@ class HistoryMethods:
 
     # -- start-up -------------------------------------------------------------------
 
-    def apply_intent_files(self) -> list[Intent]:
-        """Finish the file steps of intents a dead host left (before reconciliation)."""
+    def apply_intent_files(self) -> list[str]:
+        """Make the changes a dead host recorded (start-up, before reconciliation); return
+        their sessions, which are rescanned whole."""
         done = []
-        for intent in self.intents.pending():
-            try:
-                self.intents.apply_to_transcript(intent)
-            except FileNotFoundError:
-                self.intents.clear(intent.session_id)
-                continue
-            log.warning("session %s: unfinished change completed at start", intent.session_id)
-            self.store.count("recovery.intents_finished")
-            done.append(intent)
+        for sid in self.intents.pending():
+            if self.intents.read(sid) is not None:
+                self.intents.finish_left(sid)
+                self.store.count("recovery.intents_finished")
+                done.append(sid)
         return done
 
-    async def finish_intents(self, intents: Sequence[Intent]) -> None:
-        """Finish the stamps of those intents once the index is reconciled, then clear them."""
-        for intent in intents:
-            sid = intent.session_id
-            async with self.store.locks.hold(sid):
-                s = await self.store.open_session(sid)
-                stamp = intent.stamp
-                root_row = None
-                if isinstance(stamp, StampStep):
-                    root_row = await s.lookup(stamp.message_id)
-                    if root_row is None:
-                        log.error("session %s: stamp intent for a gone root dropped", sid)
-                if isinstance(stamp, StampStep) and root_row is not None:
-                    root, msg = await self._root(s, stamp.message_id)
-                    if msg.pager() != stamp.pager:
-                        branch = None
-                        rev = stamp.branch_revision
-                        if rev is not None and isinstance(intent.archive, ArchiveStep):
-                            revs = revisions_of(intent.archive)
-                            branch = self.archive.read(sid, root.message_id, revs[rev])
-                        await self._stamp(s, root, msg, stamp.pager, branch)
-                self.intents.finish(intent)
 
-
-def _rev(r: Revision) -> dict[str, object]:
-    return {
-        "revision": r.revision,
-        "file": r.file,
-        "messageCount": r.messageCount,
-        "createdAt": r.createdAt,
-    }
+def _nothing(change: Change) -> None:
+    """A change with nothing to prepare (a plain cut)."""

@@ -1,224 +1,207 @@
-"""Intent records: a multi-file change written down before it starts (ADR 0216).
+"""The change engine: every change of a transcript but an append, rolled forward.
 
-Truncation and pager stamps touch two things: the revision archive and the transcript.
-Before touching either, the host writes ``sessions/<id>.intent.json`` atomically: the
-archive manifest it will commit, the cut (byte offset, and the restamped root line to
-append after it), and the stamp to set. Every step is an idempotent "make it so", so a
-host that dies at any instant finishes the change at its next start: the result is the
-old state (no intent on disk) or the new one, never a third.
+A change is made in four steps, as SQLite's pager plays one journal for rollback and for
+crash recovery (docs/design.md, "Changes"):
+
+1. **prepare**: every new byte is written to a file of its own and fsynced (a branch's
+   archived payload, the manifest that will name it, the new transcript), and room is
+   reserved for a cut in place. All the space the change needs is taken here, so a full
+   disk fails this step, and what it wrote is removed: nothing changed.
+2. **record**: a change of several files is written down, ``sessions/<id>.intent.json``,
+   atomically and fsynced. That is its commit point: from here on it is made.
+3. **apply**: each prepared file is renamed into place, the cut is made in place. Each
+   step is "make it so", safe to run again over its own half-done self, and needs no new
+   space. A change of one file (a rewrite: one rename; a plain cut: one ``ftruncate``) is
+   its own record and needs none written.
+4. **finish**: the intent is removed, durably.
+
+When applying fails past the record (an I/O error), the call still succeeds, since the
+change is recorded; the session is not served again until the same code has applied it:
+at its next call, or at the next start. While a session has an intent on disk nothing
+else changes its files, so the replay only ever meets states of its own change.
 """
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import logging
 import os
+import re
 
 import msgspec
-from msgspec import UNSET, Raw, Struct, UnsetType
+from msgspec import Struct
 
-from host._archive import Archive, Revision
+from host._archive import Archive
 from host._fs import FileSystem, NotRegularFile, read_regular
 from host._layout import Layout
-from host._transcript import Transcript
 
 log = logging.getLogger("host.intents")
+_TEMP = re.compile(r"\.[0-9a-f]{12}\.tmp")
 
 
-class ArchiveStep(Struct, rename="camel"):
-    root_id: str
-    revisions: list[dict[str, object]]
+class Cut(Struct, rename="camel", forbid_unknown_fields=True):
+    """The transcript cut at ``offset``, ``line`` (the restamped root) written there first."""
 
-
-class CutStep(Struct, rename="camel"):
     offset: int
-    before: int  # the file's size before the cut
-    cut_sha256: str  # of the bytes [offset, before): the cut applies to exactly those
-    append: str | None = None  # the restamped root line, written at the offset
-    rest_sha256: str = ""  # of [end, before), when the cut file is shorter than the old one
-
-    @classmethod
-    def planned(cls, offset: int, tail: bytes, append: bytes | None) -> CutStep:
-        """The cut of ``tail`` (the file's bytes from ``offset``), ``append`` put in its place."""
-        step = cls(
-            offset, offset + len(tail), _sha(tail), None if append is None else append.decode()
-        )
-        if step.end < step.before:
-            step.rest_sha256 = _sha(tail[step.end - offset :])
-        return step
+    line: str | None = None
 
     @property
-    def line(self) -> bytes:
-        """The bytes the cut leaves at its offset: the root line and its newline, or none."""
-        return b"" if self.append is None else self.append.encode() + b"\n"
-
-    @property
-    def end(self) -> int:
-        """The file's size once cut."""
-        return self.offset + len(self.line)
+    def data(self) -> bytes:
+        return b"" if self.line is None else self.line.encode() + b"\n"
 
 
-def _sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+class Change(Struct, rename="camel", omit_defaults=True, forbid_unknown_fields=True):
+    """One change of a session's files: what it prepared, and what applying it does."""
 
-
-class StampStep(Struct, rename="camel"):
-    message_id: str
-    pager: dict[str, Raw]
-    branch_revision: int | None = None  # activateRevision: the branch becomes this revision
-
-
-class Intent(Struct, rename="camel", omit_defaults=True):
     session_id: str
-    archive: ArchiveStep | UnsetType = UNSET
-    cut: CutStep | UnsetType = UNSET
-    stamp: StampStep | UnsetType = UNSET
+    root_id: str | None = None  # the pager root whose archive manifest is replaced
+    manifest: str | None = None  # its prepared manifest: a temp name in the root's folder
+    payloads: list[str] = msgspec.field(default_factory=list)  # new payloads it names
+    transcript: str | None = None  # the prepared new transcript: a temp name in sessions/
+    cut: Cut | None = None  # or the transcript cut in place
+
+    def several(self) -> bool:
+        """Whether it changes several files (or one in several steps): it is recorded."""
+        return self.root_id is not None or (self.cut is not None and self.cut.line is not None)
 
 
-_DEC = msgspec.json.Decoder(Intent)
+_DEC = msgspec.json.Decoder(Change)
 _ENC = msgspec.json.Encoder()
 
 
-def revisions_of(step: ArchiveStep) -> list[Revision]:
-    return [Revision(**r) for r in step.revisions]  # type: ignore[arg-type]
-
-
 class Intents:
-    """Write, apply and clear intent records."""
+    """Prepare, record, apply and finish changes."""
 
     def __init__(self, layout: Layout, fs: FileSystem, archive: Archive) -> None:
         self.layout = layout
         self.fs = fs
         self.archive = archive
-        # Sessions whose finished change left its intent on disk (its removal failed).
-        self.left: set[str] = set()
-        # Sessions whose change failed past its point of no return (the disk failed): it
-        # is finished (:meth:`Store.finish_change`) before the session is served again.
         self.unfinished: set[str] = set()
+        """Sessions whose recorded change could not be applied yet: made before serving."""
 
-    def record(self, intent: Intent) -> None:
-        """Write the intent durably: from here on the change will happen."""
-        self.fs.write_atomic(self.layout.intent(intent.session_id), _ENC.encode(intent))
-        self.left.discard(intent.session_id)  # the new one replaced a leftover
+    def commit(self, change: Change) -> bool:
+        """Record (if it spans several files), apply and finish a prepared change.
 
-    def clear(self, session_id: str) -> None:
-        """Remove a finished intent durably; if that fails, :meth:`settle` tries again."""
-        retry = session_id in self.left  # its unlink may be done, its folder fsync not
-        self.left.add(session_id)
-        if self.fs.unlink(self.layout.intent(session_id)) or retry:
-            self.fs.fsync_dir(self.layout.sessions)
-        self.left.discard(session_id)
-
-    def settle(self, session_id: str) -> None:
-        """Remove a finished change's leftover intent before a write its replay would undo.
-
-        A start replays an intent's steps over whatever it finds, so every write that a
-        replay would undo waits for this:
-        - a rewrite or a plain cut can bring the transcript back to a size the cut passes
-          through (deleting the unanswered prompt after a regenerate, an edit-resend of
-          its root): the cut's root line would come back;
-        - ``saveRevision`` commits a manifest the intent's older one would replace.
-        Appends need not: a longer file is never one of the cut's states (its root keeps
-        its id, so the cut-away bytes cannot come back). Changes that record an intent of
-        their own replace the leftover; every restamp is a rewrite or one of those.
+        A failure before the record removes what was prepared and raises: nothing changed.
+        ``False``: applying failed past the record; the change is made before the session
+        is served again (:meth:`finish_left`).
         """
-        if session_id in self.left:
-            self.clear(session_id)
-
-    def read(self, session_id: str) -> Intent | None:
-        """The session's recorded intent, or ``None``."""
-        try:
-            return _DEC.decode(read_regular(self.layout.intent(session_id)))
-        except FileNotFoundError:
-            return None
-
-    def pending(self) -> list[Intent]:
-        """Return every intent left by a host that died (start-up only)."""
-        out = []
-        for sid in self.layout.sidecar_ids(".intent.json"):  # a stray name is left alone
-            path = self.layout.intent(sid)
+        if not change.several():
             try:
-                intent = _DEC.decode(read_regular(path))
-            except NotRegularFile as exc:  # a FIFO, folder or link: not the host's to remove
-                log.error("%s left alone: %s", path, exc.strerror)
-                continue
-            except (OSError, msgspec.MsgspecError, RecursionError) as exc:
-                # An intent is written atomically: a bad one was never recorded.
-                log.error("unreadable intent %s dropped: %s", path, exc)
-                self.fs.unlink(path)
-                continue
-            if intent.session_id != sid:  # a copy renamed by hand: never replayed
-                log.error("%s names session %r: not its own, left alone", path, intent.session_id)
-                continue
-            out.append(intent)
-        return out
-
-    def apply_to_transcript(self, intent: Intent) -> None:
-        """:meth:`apply_files` on the session's transcript (``FileNotFoundError``: gone)."""
-        t = Transcript(self.fs, self.layout.transcript(intent.session_id))
+                self.apply(change)
+            except BaseException:
+                self.discard(change)
+                raise
+            return True
         try:
-            self.apply_files(intent, t.fd)
-        finally:
-            t.close()
+            self.fs.write_atomic(self.layout.intent(change.session_id), _ENC.encode(change))
+        except BaseException:
+            self.discard(change)
+            raise
+        try:
+            self.apply(change)
+            self.finish(change)
+        except OSError as exc:
+            sid = change.session_id
+            log.error("session %s: a recorded change is not applied yet: %s", sid, exc)
+            self.unfinished.add(sid)
+            return False
+        return True
 
-    def finish(self, intent: Intent) -> None:
-        """Clear a change that is made, and drop the archive payloads it left unnamed."""
-        self.clear(intent.session_id)
-        if isinstance(intent.archive, ArchiveStep):
-            self.archive.prune(intent.session_id, intent.archive.root_id)
+    def discard(self, change: Change) -> None:
+        """Remove what a change prepared: it was never recorded (the one undo)."""
+        folder = self.layout.sessions
+        names = [(folder, change.transcript)]
+        if change.root_id is not None:
+            root = self.archive.folder(change.session_id, change.root_id)
+            names += [(root, change.manifest), *((root, p) for p in change.payloads)]
+        for where, name in names:
+            if name is not None:
+                try:
+                    self.fs.unlink(os.path.join(where, name))
+                except OSError as exc:  # a temp name: the next start's sweep removes it
+                    log.warning("%s left behind: %s", name, exc)
 
-    def apply_files(self, intent: Intent, fd: int) -> None:
-        """Make the archive and the cut as the intent says (``fd``: the transcript).
+    def apply(self, change: Change) -> None:
+        """Make the change as recorded; safe to run again, and needs no new space."""
+        sid = change.session_id
+        if change.root_id is not None and change.manifest is not None:
+            folder = self.archive.folder(sid, change.root_id)
+            self._install(folder, change.manifest, "manifest.json")
+        if change.transcript is not None:
+            name = os.path.basename(self.layout.transcript(sid))
+            self._install(self.layout.sessions, change.transcript, name)
+        if change.cut is not None:
+            fd = self.fs.open(self.layout.transcript(sid), os.O_RDWR)
+            try:
+                self._cut(sid, change.cut, fd)
+            finally:
+                self.fs.close(fd)
 
-        Each step checks the state it finds rather than trusting the record: the cut
-        applies only to the bytes it was planned for, or completes its own half-done self.
-        """
-        if isinstance(intent.archive, ArchiveStep):
-            self.archive.commit(
-                intent.session_id, intent.archive.root_id, revisions_of(intent.archive)
-            )
-        self.apply_cut(intent, fd)
+    def _install(self, folder: str, tmp: str, name: str) -> None:
+        if _TEMP.fullmatch(tmp[len(name) :]) is None or not tmp.startswith(name):
+            raise OSError(f"{tmp!r} is not a temp file of {name!r}")  # a hand-edited intent
+        with contextlib.suppress(FileNotFoundError):  # renamed already: only the fsync left
+            self.fs.rename(os.path.join(folder, tmp), os.path.join(folder, name))
+        self.fs.fsync_dir(folder)
 
-    def apply_cut(self, intent: Intent, fd: int) -> None:
-        """Make the cut as the intent says, if it has one (see :meth:`apply_files`).
-
-        The root line is written over the bytes it replaces, then the file is cut after it:
-        over blocks the file holds (or that :meth:`FileSystem.reserve` took), so on a full
-        disk (ext4, xfs, tmpfs) nothing here needs new space (issue 26, case 9).
-        """
-        if not isinstance(intent.cut, CutStep):
-            return
-        cut = intent.cut
-        line, end = cut.line, cut.end
+    def _cut(self, sid: str, cut: Cut, fd: int) -> None:
+        """The root line written over the bytes it replaces, then the file cut after it:
+        over blocks the file holds (or that :meth:`FileSystem.reserve` took)."""
         size = os.fstat(fd).st_size
-        if size == end and self.fs.pread(fd, len(line), cut.offset) == line:
-            return  # already done
-        if not self._passes_through(cut, fd, size):
-            # Not one of the states this cut passes through: the file moved on since
-            # (a finished change whose intent could not be removed). Never cut it.
-            log.error("session %s: stale cut intent ignored", intent.session_id)
+        if size < cut.offset:
+            log.error("session %s: transcript shorter than its recorded cut: left", sid)
             return
+        line = cut.data
         if line:
             self.fs.overwrite(fd, line, cut.offset)
-        if size > end:
-            self.fs.ftruncate(fd, end)
+        if size > cut.offset + len(line):
+            self.fs.ftruncate(fd, cut.offset + len(line))
         self.fs.fsync(fd)
 
-    def _passes_through(self, cut: CutStep, fd: int, size: int) -> bool:
-        """Whether a file of ``size`` bytes is in a state the cut passes through."""
-        end = cut.end
-        if size == cut.before and self._sha(fd, cut.offset, size) == cut.cut_sha256:
-            return True  # as planned
-        if size == end or size == cut.offset:
-            return True  # the root line written over (perhaps torn); or cut by an older host
-        if size == cut.before and end < size:  # written over (perhaps torn), not yet cut
-            return cut.rest_sha256 == self._sha(fd, end, size)
-        if cut.before <= size < end:
-            return True  # written over on the way to growing into its reserved room, torn
-        # An older host cut first, then appended: the root line half written.
-        return cut.offset < size < end and cut.line.startswith(
-            self.fs.pread(fd, size - cut.offset, cut.offset)
-        )
+    def finish(self, change: Change) -> None:
+        """Remove a made change's intent, durably, and the payloads no manifest names."""
+        self.fs.unlink(self.layout.intent(change.session_id))
+        self.fs.fsync_dir(self.layout.sessions)
+        self.unfinished.discard(change.session_id)
+        if change.root_id is not None:
+            self.archive.prune(change.session_id, change.root_id)
 
-    def _sha(self, fd: int, start: int, stop: int) -> str:
-        return _sha(self.fs.pread(fd, stop - start, start))
+    def finish_left(self, session_id: str) -> None:
+        """Apply and finish the change a session has recorded, if any (blocking).
+
+        ``OSError`` while the disk still fails: the session stays unserved until then.
+        """
+        change = self.read(session_id)
+        if change is None:  # removed (its folder's fsync failed), or none of its own
+            self.fs.fsync_dir(self.layout.sessions)
+            self.unfinished.discard(session_id)
+            return
+        with contextlib.suppress(FileNotFoundError):  # a deleted session's leftover
+            self.apply(change)
+        self.finish(change)
+        log.warning("session %s: a recorded change is made", session_id)
+
+    def read(self, session_id: str) -> Change | None:
+        """The session's recorded change, or ``None``; one that is not its own, or not
+        readable (it is written atomically: a bad one was never recorded), is set aside."""
+        path = self.layout.intent(session_id)
+        try:
+            change = _DEC.decode(read_regular(path))
+        except FileNotFoundError:
+            return None
+        except NotRegularFile as exc:  # a FIFO, folder or link: not the host's to remove
+            log.error("%s left alone: %s", path, exc.strerror)
+            return None
+        except (OSError, msgspec.MsgspecError, RecursionError) as exc:
+            log.error("unreadable intent %s dropped: %s", path, exc)
+            self.fs.unlink(path)
+            return None
+        if change.session_id != session_id:  # a copy renamed by hand: never replayed
+            log.error("%s names session %r: not its own, left alone", path, change.session_id)
+            return None
+        return change
+
+    def pending(self) -> list[str]:
+        """Sessions with a recorded change (start-up: each is made before anything else)."""
+        return self.layout.sidecar_ids(".intent.json")  # a stray name is left alone

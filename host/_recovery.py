@@ -217,7 +217,7 @@ def _repair_file(
                 pieces.append((r.offset, r.length + 1))
                 rows.append(r._replace(offset=pos))
                 pos += r.length + 1
-            t.rewrite(pieces).commit()
+            t.replace(pieces)
             result.rows = rows
         if hint is not None and start_line == 0 and len(result.rows) < hint.line_count:
             log.error(

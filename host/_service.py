@@ -168,9 +168,8 @@ class Host:
                 os.chmod(path, 0o600)
         host = cls(store, Report(), limits)
         await on_thread(store.remove_leftovers)  # before anything reads them
-        intents = await on_thread(host.history.apply_intent_files)
-        host.report = report = await recover(store, rescan={i.session_id for i in intents})
-        await host.history.finish_intents(intents)
+        changed = await on_thread(host.history.apply_intent_files)
+        host.report = report = await recover(store, rescan=set(changed))
         await host.turns.recover_at_start()
         await on_thread(_sweep_archives, store)
         log.info(

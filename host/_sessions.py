@@ -83,7 +83,7 @@ class SessionMethods:
         meta = json.dumps({"title": title, "createdAt": now}).encode()
 
         def make_files() -> FileStamp:
-            self.store.intents.clear(sid)  # a deleted session's, its removal failed
+            fs.unlink(layout.intent(sid))  # a deleted session's (its removal failed)
             fs.write_atomic(layout.meta(sid), meta)
             self.store.turnlog.create(sid)  # its name made durable with the transcript's
             t = Transcript.create(fs, layout.transcript(sid))
@@ -117,10 +117,12 @@ class SessionMethods:
 
     async def delete(self, p: SessionParams) -> DeleteResult:
         sid = p.session_id
-        await self.store.open_session(sid)  # NOT_FOUND for an absent session
+        if await self.store.index.session(sid) is None:  # a change it left is not made
+            raise NotFound("session", sid)
         self.store.forget(sid)
         await self.store.index.mark_dirty(sid)  # a same-id session may follow its rows
         await on_thread(self.store.bury, sid)  # the commit
+        self.store.intents.unfinished.discard(sid)
         try:
             await self.store.index.delete_session(sid)
         except BaseException:

@@ -28,13 +28,13 @@ from host._checkpoints import Checkpoint, Checkpoints
 from host._errors import NotFound, StorageError
 from host._fs import FileSystem, on_thread
 from host._index import Index, Row, now_iso
-from host._intents import Intents
+from host._intents import Change, Intents
 from host._layout import Layout, UnsafeFolder
 from host._limits import OPEN_TRANSCRIPTS
 from host._locks import LockTable
 from host._messages import Message, display_capped, pager_json, valid_line
 from host._recovery import quarantine, reconcile
-from host._transcript import FileStamp, Piece, Rewrite, Transcript
+from host._transcript import FileStamp, Piece, Transcript
 from host._turnlog import TurnLog, TurnRecord, TurnStatus
 
 log = logging.getLogger("host.store")
@@ -270,7 +270,7 @@ class Store:
                 lags = True
         if session_id in self.intents.unfinished:
             self.forget(session_id)
-            await on_thread(self.finish_change, session_id)
+            await on_thread(self.intents.finish_left, session_id)
             lags = True
         s = self._open.pop(session_id, None)
         if s is not None:
@@ -306,21 +306,6 @@ class Store:
         """
         self.index.stale.add(session_id)
         self.forget(session_id)
-
-    def finish_change(self, session_id: str) -> None:
-        """Finish a change that failed past its point of no return (blocking).
-
-        Its intent is on disk: its file steps are made as at a start (a manifest to commit,
-        a cut to make), then it is removed; the caller has closed the session. ``OSError``
-        while the disk still fails: the session stays unserved until then (or until the
-        next start finishes it).
-        """
-        intent = self.intents.read(session_id)
-        if intent is not None:
-            self.intents.apply_to_transcript(intent)
-            self.intents.finish(intent)
-            log.warning("session %s: a change cut short by the disk is finished", session_id)
-        self.intents.unfinished.discard(session_id)
 
     async def _make_room(self) -> None:
         """Return once a transcript may be opened within :attr:`open_transcripts`.
@@ -562,66 +547,101 @@ class Store:
         keep_from: int = 0,
     ) -> None:
         """Replace the file by ``pieces`` and the rows from line ``keep_from`` by ``rows``."""
-        line_count = keep_from + len(rows)
-        stamp = await self._rewrite(
-            s,
-            pieces,
-            lambda st: self.index.replace_rows(
-                s.session_id, rows, st, line_count, now_iso(), keep_from=keep_from
-            ),
-        )
-        s.size, s.line_count = stamp.size, line_count
+        await self.replace_file(s, pieces)
+        await self.follow(s, rows, keep_from=keep_from)
 
     async def rewrite_line(self, s: OpenSession, row: Row, new: Row, data: bytes) -> None:
         """Rewrite exactly one line; every other line is copied byte for byte."""
         end = row.offset + row.length + 1
-        pieces: list[Piece] = [(0, row.offset), data + b"\n", (end, s.size - end)]
-        delta = len(data) - row.length
-        stamp = await self._rewrite(
+        await self.replace_file(s, [(0, row.offset), data + b"\n", (end, s.size - end)])
+        await self.follow_line(s, row, new, data)
+
+    def replace_file(self, s: OpenSession, pieces: Sequence[Piece]) -> Coroutine[Any, Any, None]:
+        """Replace the transcript by ``pieces``: a change of one file (one rename)."""
+
+        def prepare(change: Change) -> None:
+            change.transcript = s.transcript.prepare(pieces)
+
+        return self.change(s, Change(s.session_id), prepare)
+
+    async def change(
+        self, s: OpenSession, change: Change, prepare: Callable[[Change], None]
+    ) -> None:
+        """Make ``change`` (:mod:`host._intents`): the session marked dirty first (the index
+        is rebuilt from the file after a crash), then ``prepare`` (blocking) writes its new
+        files into ``change``, which is recorded, applied and finished in the same hop.
+
+        An error before the record changes nothing. Past it the change is made: when the
+        disk fails its apply, it is made before the session is served again.
+        """
+        await self.index.mark_dirty(s.session_id)
+
+        def make() -> bool:
+            self.layout.transcript(s.session_id)  # its temp files go into no linked folder
+            try:
+                prepare(change)
+            except BaseException:
+                self.intents.discard(change)
+                raise
+            done = self.intents.commit(change)
+            if done and (change.transcript is not None or change.cut is not None):
+                s.transcript.reopen()
+            return done
+
+        try:
+            done = await on_thread(make)
+        except BaseException:  # the file may have changed: rebuilt from it before it is served
+            self.index_lags(s.session_id)
+            raise
+        self.count("rewrites")
+        if not done:
+            self.forget(s.session_id)
+
+    async def follow(self, s: OpenSession, rows: Sequence[Row], *, keep_from: int) -> None:
+        """Make the index follow a change its file already holds: ``rows`` from line
+        ``keep_from`` on, the rest of the rows gone.
+
+        The change is made, so the call succeeds whatever the index does: one that cannot
+        follow (a full disk fails its commit) lags, and the session is rebuilt from its file
+        before it is served again, as after a failed batch of appends.
+        """
+        count = keep_from + len(rows)
+        await self._follow(
             s,
-            pieces,
+            lambda st: self.index.replace_rows(
+                s.session_id, rows, st, count, now_iso(), keep_from=keep_from
+            ),
+            count,
+        )
+
+    async def follow_line(self, s: OpenSession, row: Row, new: Row, data: bytes) -> None:
+        """:meth:`follow` a change of one line, ``row`` now ``new`` (``data``)."""
+        delta = len(data) - row.length
+        await self._follow(
+            s,
             lambda st: self.index.update_line(
                 s.session_id, new, delta, st, s.line_count, now_iso()
             ),
+            s.line_count,
         )
-        s.size = stamp.size
 
-    async def _rewrite(
+    async def _follow(
         self,
         s: OpenSession,
-        pieces: Sequence[Piece],
         index: Callable[[FileStamp], Coroutine[Any, Any, None]],
-    ) -> FileStamp:
-        """The session marked dirty, its file replaced by ``pieces``, then ``index`` given
-        the new file's stamp; when the index refuses, the old file is put back."""
-        await self.index.mark_dirty(s.session_id)
-        rw = await on_thread(self._rewrite_file, s, pieces)
-        self.count("rewrites")
+        count: int,
+    ) -> None:
+        if not self.is_open(s):  # its change is not applied yet: rebuilt once it is
+            self.index_lags(s.session_id)
+            return
+        stamp = s.transcript.stamp()
         try:
-            stamp = s.transcript.stamp()
             await index(stamp)
-        except BaseException:
-            await on_thread(self._undo, s, rw)
-            raise
-        rw.commit()
-        return stamp
-
-    def _rewrite_file(self, s: OpenSession, pieces: Sequence[Piece]) -> Rewrite:
-        self.layout.transcript(s.session_id)  # its temp file goes into no linked folder
-        self.intents.settle(s.session_id)  # never a stale intent over a rewritten file
-        return s.transcript.rewrite(pieces)
-
-    def cut_file(self, s: OpenSession, size: int) -> None:
-        """Cut the transcript to ``size`` bytes: a plain truncation (blocking)."""
-        self.intents.settle(s.session_id)  # never a stale intent over a shortened file
-        s.transcript.cut(size)
-
-    def _undo(self, s: OpenSession, rw: Rewrite) -> None:
-        try:
-            rw.undo()
-        except OSError as exc:
-            log.error("session %s: could not undo a failed rewrite: %s", s.session_id, exc)
-            self.forget(s.session_id)
+        except Exception as exc:
+            log.error("session %s: the index did not follow a change (%s)", s.session_id, exc)
+            self.index_lags(s.session_id)
+            return
+        s.size, s.line_count = stamp.size, count
 
     def bury(self, session_id: str) -> None:
         """Rename the session's transcript aside, durably: the commit of its delete.

@@ -2,13 +2,12 @@
 
 Appends write whole lines with ``os.write`` on the loop (the page cache is fast) and fsync
 in a thread; rewrites build a temp file from kernel-side copies of the old file's ranges
-plus the new bytes, fsync it, rename it over the transcript and fsync the folder. The old
-descriptor is kept until the index has followed, so a rewrite can still be undone.
+plus the new bytes and fsync it, then rename it over the transcript and fsync the folder
+(:mod:`host._intents`).
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -78,12 +77,12 @@ class Transcript:
         """Read ``size`` bytes at ``offset``."""
         return self.fs.pread(self.fd, size, offset)
 
-    def rewrite(self, pieces: Sequence[Piece]) -> Rewrite:
-        """Replace the file atomically by ``pieces``; the old descriptor stays open."""
-        folder = os.path.dirname(self.path)
+    def prepare(self, pieces: Sequence[Piece]) -> str:
+        """Write ``pieces`` to a new temp file beside the transcript, fsynced; return its
+        name (removed on a failure). Nothing is replaced until :meth:`install`."""
         tmp = temp_name(self.path)
         # Not O_APPEND while it is filled: copy_file_range refuses (EBADF) a destination
-        # opened for appending. It becomes the append descriptor once filled.
+        # opened for appending.
         fd = self.fs.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL)
         try:
             for piece in pieces:
@@ -92,43 +91,31 @@ class Transcript:
                         self.fs.copy_range(self.fd, fd, piece[0], piece[1])
                 else:
                     self.fs.write_all(fd, piece)
-            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_APPEND)
             self.fs.fsync(fd)
-            self.fs.rename(tmp, self.path)
         except BaseException:
             self.fs.close(fd)
             self.fs.unlink(tmp)
             raise
-        old, self.fd = self.fd, fd
+        self.fs.close(fd)
+        return os.path.basename(tmp)
+
+    def reopen(self) -> None:
+        """Open the file now at the path (a change renamed a new one there)."""
+        fd = self.fs.open(self.path, os.O_RDWR | os.O_APPEND)
+        self.close()
+        self.fd = fd
+
+    def replace(self, pieces: Sequence[Piece]) -> None:
+        """Replace the file atomically by ``pieces``: temp file, fsync, rename, folder fsync."""
+        folder = os.path.dirname(self.path)
+        tmp = os.path.join(folder, self.prepare(pieces))
         try:
-            self.fs.fsync_dir(folder)
+            self.fs.rename(tmp, self.path)
         except BaseException:
-            Rewrite(self, old).undo()
+            self.fs.unlink(tmp)
             raise
-        return Rewrite(self, old)
-
-
-class Rewrite:
-    """A rewrite that has replaced the file, until the index follows (or it is undone)."""
-
-    def __init__(self, transcript: Transcript, old_fd: int) -> None:
-        self.transcript = transcript
-        self.old_fd = old_fd
-
-    def commit(self) -> None:
-        """Forget the old file."""
-        self.transcript.fs.close(self.old_fd)
-
-    def undo(self) -> None:
-        """Put the old file's bytes back in place atomically."""
-        t = self.transcript
-        size = os.fstat(self.old_fd).st_size
-        new_fd = t.fd
-        t.fd = self.old_fd
-        try:
-            t.rewrite([(0, size)]).commit()
-        finally:
-            t.fs.close(new_fd)
+        self.reopen()
+        self.fs.fsync_dir(folder)
 
 
 def iter_lines(

@@ -144,6 +144,7 @@ async def leave_intent(call: Any, fs: FailOnce, intent: str, how: str) -> None:
     if how == "activate":
         await call("session.saveActiveRevision", sessionId="s")
         await call("session.saveRevision", sessionId="s", rootId="u2", messages=[msg("c1")])
+        await call("session.appendMessage", sessionId="s", message=msg("b2"))  # archived too
         fs.armed = True
         await call("session.activateRevision", sessionId="s", rootId="u2", revision=1)
     else:

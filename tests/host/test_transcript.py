@@ -49,12 +49,11 @@ def test_reads_and_stamp_follow_appends(t: Transcript) -> None:
     assert _path(t).read_bytes().endswith(b'{"id":"d"}\n')
 
 
-def test_rewrite_copies_ranges_and_new_bytes_and_appends_follow(t: Transcript) -> None:
+def test_replace_copies_ranges_and_new_bytes_and_appends_follow(t: Transcript) -> None:
     path = _path(t)
     ino = os.stat(path).st_ino
     a, b = len(LINES[0]), len(LINES[1])
-    rw = t.rewrite([(0, a), b'{"id":"B"}\n', (a + b, len(LINES[2]))])
-    rw.commit()
+    t.replace([(0, a), b'{"id":"B"}\n', (a + b, len(LINES[2]))])
     assert path.read_bytes() == LINES[0] + b'{"id":"B"}\n' + LINES[2]
     assert os.stat(path).st_ino != ino  # a new file renamed into place
     assert os.stat(path).st_mode & 0o777 == 0o600
@@ -63,17 +62,13 @@ def test_rewrite_copies_ranges_and_new_bytes_and_appends_follow(t: Transcript) -
     assert [p.name for p in path.parent.iterdir()] == ["s.jsonl"]  # no temp file left
 
 
-def test_rewrite_then_undo_restores_the_exact_bytes(t: Transcript) -> None:
+def test_a_prepared_file_replaces_nothing_until_installed(t: Transcript) -> None:
     path = _path(t)
     before = path.read_bytes()
-    rw = t.rewrite([b"something else entirely\n"])
-    assert path.read_bytes() == b"something else entirely\n"
-    rw.undo()
+    name = t.prepare([b"something else entirely\n"])
     assert path.read_bytes() == before
-    assert t.read(0, len(before)) == before
-    t.write(b'{"id":"d"}\n')  # and appends go to the restored file at the path
-    assert path.read_bytes() == before + b'{"id":"d"}\n'
-    assert [p.name for p in path.parent.iterdir()] == ["s.jsonl"]
+    assert (path.parent / name).read_bytes() == b"something else entirely\n"
+    assert name.startswith("s.jsonl.") and name.endswith(".tmp")
 
 
 def test_cut_removes_a_tail(t: Transcript) -> None:
