@@ -5,8 +5,8 @@ replaced atomically (temp file, fsync, rename, folder fsync), never goes into th
 transcript as extra lines and never touches the index until it is promoted. Its temp
 file is kept between saves (``<id>.inflight.spare``, :meth:`FileSystem.write_swap`):
 a reply streams many snapshots of one growing message, and reusing the file's blocks
-more than halves each replace. Which
-sessions have one is kept in memory, so an append pays no system call to check.
+more than halves each replace. Whether a session has one, and whose message it holds, is
+kept on its :class:`~host._session.Session`, so an append pays no system call to check.
 """
 
 from __future__ import annotations
@@ -56,42 +56,24 @@ class Checkpoints:
     def __init__(self, layout: Layout, fs: FileSystem) -> None:
         self.layout = layout
         self.fs = fs
-        self.present: set[str] = set(layout.sidecar_ids(".inflight.json"))
-        self._known: dict[str, tuple[str, str]] = {}  # read or saved here: (turn, message)
-
-    def ids(self, session_id: str) -> tuple[str, str] | None:
-        """The (turn id, message id) of the session's checkpoint; ``ValueError`` when corrupt.
-
-        Read from the file only the first time: a 1 MB snapshot saved every few hundred
-        milliseconds, with appends between, need not be read back (and scanned) to learn
-        whose turn and message it holds.
-        """
-        if session_id not in self._known:
-            self.read(session_id)
-        return self._known.get(session_id)
 
     def read(self, session_id: str) -> Checkpoint | None:
         """Return the session's checkpoint; ``ValueError`` when the file is corrupt."""
-        if session_id not in self.present:
-            return None
         path = self.layout.inflight(session_id)
         try:
             data = read_regular(path)
         except FileNotFoundError:
-            self.present.discard(session_id)
             return None
         except NotRegularFile as exc:  # a FIFO would block the loop; a folder fail every call
             aside = f"{path}.odd-{os.urandom(3).hex()}"
             self.fs.rename(path, aside)
             log.error("session %s: %s (%s): moved to %s", session_id, path, exc.strerror, aside)
-            self.forget(session_id)
             return None
         try:
             cp = decode(_DEC, data)
             cp.message_id = cp.message_id or decode(_MESSAGE_ID, cp.message).id
         except (msgspec.MsgspecError, RecursionError) as exc:  # RecursionError: a hand edit
             raise ValueError(f"corrupt checkpoint: {exc}") from None
-        self._known[session_id] = cp.turn_id, cp.message_id
         return cp
 
     def read_raw(self, session_id: str) -> bytes:
@@ -114,17 +96,14 @@ class Checkpoints:
         spare = self.layout.inflight_spare(session_id)
         self.fs.fill_spare(spare, [head, memoryview(message), b"}"])
 
-    def install(self, session_id: str, turn_id: str, message_id: str) -> None:
+    def install(self, session_id: str) -> None:
         """Swap the filled spare in as the session's checkpoint (atomic, folder fsynced)."""
-        self._known.pop(session_id, None)  # a failed swap may leave either file
         self.fs.swap_in(self.layout.inflight(session_id), self.layout.inflight_spare(session_id))
-        self.present.add(session_id)
-        self._known[session_id] = turn_id, message_id
 
-    def save(self, session_id: str, turn_id: str, message_id: str, message: Raw) -> None:
+    def save(self, session_id: str, turn_id: str, message: Raw) -> None:
         """Replace the session's checkpoint atomically: :meth:`fill`, then :meth:`install`."""
         self.fill(session_id, turn_id, message)
-        self.install(session_id, turn_id, message_id)
+        self.install(session_id)
 
     def remove(self, session_id: str) -> None:
         """Remove the session's checkpoint durably.
@@ -135,9 +114,3 @@ class Checkpoints:
         self.fs.unlink(self.layout.inflight_spare(session_id))  # never read: not fsynced
         if self.fs.unlink(self.layout.inflight(session_id)):
             self.fs.fsync_dir(self.layout.sessions)
-        self.forget(session_id)
-
-    def forget(self, session_id: str) -> None:
-        """Note that the session's checkpoint file is gone."""
-        self.present.discard(session_id)
-        self._known.pop(session_id, None)

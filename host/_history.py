@@ -22,8 +22,9 @@ from host._index import Row, now_iso
 from host._intents import Change, Cut
 from host._messages import Message, parse_all, parse_stored
 from host._recovery import stored_row
+from host._session import NewLine, Session
 from host._sessions import SessionMethods
-from host._store import NewLine, OpenSession, Store
+from host._store import Registry
 from host._transcript import Piece
 from host._turns import TurnMethods
 from host._wire import (
@@ -72,12 +73,10 @@ def _stamp_of(msg: Message) -> tuple[int, int | None]:
 class HistoryMethods:
     """Handlers of the revision and truncation methods."""
 
-    def __init__(self, store: Store, sessions: SessionMethods, turns: TurnMethods) -> None:
-        self.store = store
+    def __init__(self, registry: Registry, sessions: SessionMethods, turns: TurnMethods) -> None:
+        self.registry = registry
         self.sessions = sessions
         self.turns = turns
-        self.archive = store.archive
-        self.intents = store.intents
         self.hook: Hook | None = None  # tests pause a call at a named point with this
 
     async def _at(self, point: str) -> None:
@@ -86,7 +85,7 @@ class HistoryMethods:
 
     # -- helpers (all under the session's lock) -------------------------------------
 
-    async def _root(self, s: OpenSession, root_id: str) -> tuple[Row, Message]:
+    async def _root(self, s: Session, root_id: str) -> tuple[Row, Message]:
         row = await s.lookup(root_id)
         if row is None:
             raise NotFound("message", root_id)
@@ -96,32 +95,33 @@ class HistoryMethods:
         assert msg is not None, "indexed lines are valid messages"
         return row, msg
 
-    async def _branch(self, s: OpenSession, root: Row) -> list[Row]:
+    async def _branch(self, s: Session, root: Row) -> list[Row]:
         end = await s.next_user_line(root.line)
         return await s.rows(root.line + 1, end)
 
     def _plan(
-        self, sid: str, root_id: str, active: int | None, lines: Sequence[bytes]
+        self, s: Session, root_id: str, active: int | None, lines: Sequence[bytes]
     ) -> tuple[list[Revision], int]:
         """Archive ``lines`` as ``saveActiveRevision`` would: return the revisions, slot."""
-        revs = self.archive.load(sid, root_id)
+        sid = s.id
+        revs = s.archive.load(sid, root_id)
         slot = _slot(active, len(revs))
-        if slot < len(revs) and self._same(sid, root_id, revs[slot], lines):
+        if slot < len(revs) and self._same(s, root_id, revs[slot], lines):
             return revs, slot  # the same branch again (a retry): nothing to write
-        name = self.archive.write_payload(sid, root_id, slot, lines)
+        name = s.archive.write_payload(sid, root_id, slot, lines)
         rev = Revision(slot, name, len(lines), now_iso())
         revs = [*revs[:slot], rev, *revs[slot + 1 :]]
         return revs, slot
 
-    def _same(self, sid: str, root_id: str, rev: Revision, lines: Sequence[bytes]) -> bool:
+    def _same(self, s: Session, root_id: str, rev: Revision, lines: Sequence[bytes]) -> bool:
         try:
-            return self.archive.read(sid, root_id, rev) == list(lines)
+            return bool(s.archive.read(s.id, root_id, rev) == list(lines))
         except ArchiveDamaged:
             return False  # a damaged slot is rewritten with the branch: that repairs it
 
     async def _stamp(
         self,
-        s: OpenSession,
+        s: Session,
         root: Row,
         msg: Message,
         pager: dict[str, Raw],
@@ -134,7 +134,7 @@ class HistoryMethods:
         if branch is None:
             end = root.offset + root.length + 1
             pieces: list[Piece] = [(0, root.offset), nl.data + b"\n", (end, s.size - end)]
-            return pieces, lambda: self.store.follow_line(s, root, new_root, nl.data)
+            return pieces, lambda: s.follow_line(root, new_root, nl.data)
         old = await self._branch(s, root)
         end_line = root.line + 1 + len(old)
         end_off = old[-1].offset + old[-1].length + 1 if old else root.offset + root.length + 1
@@ -151,11 +151,11 @@ class HistoryMethods:
         for r in await s.rows(end_line):
             rows.append(r._replace(line=root.line + len(rows), offset=pos))
             pos += r.length + 1
-        return pieces, lambda: self.store.follow(s, rows, keep_from=root.line)
+        return pieces, lambda: s.follow(rows, keep_from=root.line)
 
     async def _archive(
         self,
-        s: OpenSession,
+        s: Session,
         root_id: str,
         old: list[Revision],
         revs: list[Revision],
@@ -163,7 +163,7 @@ class HistoryMethods:
     ) -> None:
         """Commit the root's archive ``revs`` (payloads written) and the transcript of
         ``pieces`` together, as one change (:mod:`host._intents`)."""
-        sid = s.session_id
+        sid = s.id
         change = Change(sid)
         if revs != old:
             change.root_id = root_id
@@ -171,27 +171,27 @@ class HistoryMethods:
 
         def prepare(c: Change) -> None:
             if c.root_id is not None:
-                c.manifest = os.path.basename(self.archive.prepare(sid, root_id, revs))
+                c.manifest = os.path.basename(s.archive.prepare(sid, root_id, revs))
             if pieces is not None:
-                c.transcript = s.transcript.prepare(pieces)
+                c.transcript = s.file.prepare(pieces)
 
-        await self.store.change(s, change, prepare)
+        await s.change(change, prepare)
 
     # -- methods --------------------------------------------------------------------
 
     async def save_revision(self, p: SaveRevisionParams) -> SaveRevisionResult:
         msgs = parse_all(p.messages)
         sid = p.session_id
-        s = await self.store.open_session(sid)
+        s = await self.registry.open(sid)
         await self._root(s, p.root_id)
         lines = [m.stored_line(turn_id=m.turn_id, pager={}) for m in msgs]
 
         def write() -> int:
-            revs = self.archive.load(sid, p.root_id)
-            name = self.archive.write_payload(sid, p.root_id, len(revs), lines)
+            revs = s.archive.load(sid, p.root_id)
+            name = s.archive.write_payload(sid, p.root_id, len(revs), lines)
             revs.append(Revision(len(revs), name, len(lines), now_iso()))
-            self.archive.commit(sid, p.root_id, revs)
-            self.archive.prune(sid, p.root_id)
+            s.archive.commit(sid, p.root_id, revs)
+            s.archive.prune(sid, p.root_id)
             return len(revs)
 
         count = await on_thread(write)
@@ -199,17 +199,17 @@ class HistoryMethods:
 
     async def list_revisions(self, p: ListRevisionsParams) -> ListRevisionsResult:
         sid = p.session_id
-        s = await self.store.open_session(sid)
+        s = await self.registry.open(sid)
         _, msg = await self._root(s, p.root_id)
         count, active = _stamp_of(msg)
-        revs = self.archive.load(sid, p.root_id)
+        revs = s.archive.load(sid, p.root_id)
         infos = []
         for r in revs:
             info = RevisionInfo(
                 revision=r.revision, message_count=r.messageCount, created_at=r.createdAt
             )
             if p.include_messages:
-                lines = await self.archive.read_async(sid, p.root_id, r)
+                lines = await s.archive.read_async(sid, p.root_id, r)
                 info.messages = [Raw(x) for x in lines]
             infos.append(info)
         return ListRevisionsResult(
@@ -218,7 +218,7 @@ class HistoryMethods:
 
     async def save_active_revision(self, p: SaveActiveParams) -> SaveActiveResult:
         sid = p.session_id
-        s = await self.store.open_session(sid)
+        s = await self.registry.open(sid)
         if isinstance(p.root_id, str):
             root, msg = await self._root(s, p.root_id)
         else:
@@ -239,8 +239,8 @@ class HistoryMethods:
                 stamped=False,
             )
         lines = await s.read_rows(branch)
-        old = self.archive.load(sid, root_id)
-        revs, slot = await on_thread(self._plan, sid, root_id, active, lines)
+        old = s.archive.load(sid, root_id)
+        revs, slot = await on_thread(self._plan, s, root_id, active, lines)
         pager = _pager(root_id, len(revs), slot)
         stamped = pager != msg.pager()
         pieces, follow = await self._stamp(s, root, msg, pager, None) if stamped else (None, None)
@@ -257,13 +257,13 @@ class HistoryMethods:
 
     async def activate_revision(self, p: ActivateParams) -> ActivateResult:
         sid = p.session_id
-        s = await self.store.open_session(sid)
+        s = await self.registry.open(sid)
         running = await s.running_turn()
         if running is not None:
             raise AgentBusy(f"turn {running!r} is running in session {sid!r}", turnId=running)
         root, msg = await self._root(s, p.root_id)
         _, active = _stamp_of(msg)
-        old = self.archive.load(sid, p.root_id)
+        old = s.archive.load(sid, p.root_id)
         if p.revision >= len(old):
             raise NotFound("revision", p.revision)
         branch = await self._branch(s, root)
@@ -271,10 +271,10 @@ class HistoryMethods:
         if lines and p.revision == _slot(active, len(old)):
             chosen = lines  # the slot the branch is archived into: it stays
         else:
-            chosen = await on_thread(self.archive.read, sid, p.root_id, old[p.revision])
+            chosen = await on_thread(s.archive.read, sid, p.root_id, old[p.revision])
         await self._check_ids(s, branch, chosen)  # before anything is written
         if lines:
-            revs, _ = await on_thread(self._plan, sid, p.root_id, active, lines)
+            revs, _ = await on_thread(self._plan, s, p.root_id, active, lines)
         else:
             revs = old
         pager = _pager(p.root_id, len(revs), p.revision)
@@ -285,9 +285,7 @@ class HistoryMethods:
         await follow()
         return ActivateResult(active_revision=p.revision, revision_count=len(revs))
 
-    async def _check_ids(
-        self, s: OpenSession, branch: Sequence[Row], chosen: Sequence[bytes]
-    ) -> None:
+    async def _check_ids(self, s: Session, branch: Sequence[Row], chosen: Sequence[bytes]) -> None:
         leaving = {r.message_id for r in branch}
         seen: set[str] = set()
         for line in chosen:
@@ -308,7 +306,7 @@ class HistoryMethods:
         if p.from_message_id is UNSET and p.truncate_before is UNSET:
             raise InvalidParams("session.truncateFrom needs fromMessageId or truncateBefore")
         sid = p.session_id
-        s = await self.store.open_session(sid)
+        s = await self.registry.open(sid)
         if not await self._will_resolve(s, p):  # NOT_FOUND before anything changes
             raise NotFound("message", p.from_message_id or None)
         await self.turns.settle_for_cut(s)
@@ -324,18 +322,18 @@ class HistoryMethods:
             pager, archived = await self._regenerate(s, before[0], cut)
         else:
             await self._plain_cut(s, first.offset, cut)
-        self.store.count("truncations")
+        self.registry.count("truncations")
         return TruncateResult(
             kept=cut, removed=total - cut, archived=archived, pager=pager or UNSET
         )
 
-    async def _plain_cut(self, s: OpenSession, offset: int, cut: int) -> None:
+    async def _plain_cut(self, s: Session, offset: int, cut: int) -> None:
         """Cut the transcript at ``offset`` (line ``cut``): one ``ftruncate``, atomic on its
         own, which needs no new space; then the index follows."""
-        await self.store.change(s, Change(s.session_id, cut=Cut(offset)), _nothing)
-        await self.store.follow(s, [], keep_from=cut)
+        await s.change(Change(s.id, cut=Cut(offset)), _nothing)
+        await s.follow([], keep_from=cut)
 
-    async def _regenerate(self, s: OpenSession, root: Row, cut: int) -> tuple[Pager, int]:
+    async def _regenerate(self, s: Session, root: Row, cut: int) -> tuple[Pager, int]:
         """Cut the root's branch away (from line ``cut``), archive it, restamp the root.
 
         One change (:mod:`host._intents`): the archived branch's payload, the manifest that
@@ -343,13 +341,13 @@ class HistoryMethods:
         replaces) are prepared; then the manifest is renamed in, the root line written over
         the bytes it replaces and the file cut after it, which needs no new space.
         """
-        sid = s.session_id
+        sid = s.id
         _, msg = await self._root(s, root.message_id)
         branch = await self._branch(s, root)
         lines = await s.read_rows(branch)
         _, active = _stamp_of(msg)
-        old = self.archive.load(sid, root.message_id)
-        revs, _slot = await on_thread(self._plan, sid, root.message_id, active, lines)
+        old = s.archive.load(sid, root.message_id)
+        revs, _slot = await on_thread(self._plan, s, root.message_id, active, lines)
         n = len(revs)
         nl = NewLine.of(msg, msg.turn_id, _pager(root.message_id, n + 1, n))
         change = Change(
@@ -361,16 +359,16 @@ class HistoryMethods:
         end, size = root.offset + len(nl.data) + 1, s.size
 
         def prepare(c: Change) -> None:
-            c.manifest = os.path.basename(self.archive.prepare(sid, root.message_id, revs))
+            c.manifest = os.path.basename(s.archive.prepare(sid, root.message_id, revs))
             if end > size:  # the root line grows the file: room for it now
-                self.store.fs.reserve(s.transcript.fd, size, end - size)
+                s.reserve(size, end - size)
 
         await self._at("intent-recorded")
-        await self.store.change(s, change, prepare)
-        await self.store.follow(s, [nl.row(root.line, root.offset)], keep_from=root.line)
+        await s.change(change, prepare)
+        await s.follow([nl.row(root.line, root.offset)], keep_from=root.line)
         return Pager(root_id=root.message_id, revision_count=n + 1, active_revision=n), len(lines)
 
-    async def _will_resolve(self, s: OpenSession, p: TruncateParams) -> bool:
+    async def _will_resolve(self, s: Session, p: TruncateParams) -> bool:
         """Whether the cut resolves once the running turn is settled (its checkpoint too)."""
         if isinstance(p.truncate_before, int):
             return True
@@ -384,7 +382,7 @@ class HistoryMethods:
         msg = parse_stored(bytes(cp.message))
         return msg is not None and msg.has_content()
 
-    async def _resolve_cut(self, s: OpenSession, p: TruncateParams) -> int:
+    async def _resolve_cut(self, s: Session, p: TruncateParams) -> int:
         """The first line to cut: identity first, then the count fallback."""
         if isinstance(p.from_message_id, str):
             row = await s.lookup(p.from_message_id)
@@ -395,17 +393,6 @@ class HistoryMethods:
         raise NotFound("message", p.from_message_id if p.from_message_id else None)
 
     # -- start-up -------------------------------------------------------------------
-
-    def apply_intent_files(self) -> list[str]:
-        """Make the changes a dead host recorded (start-up, before reconciliation); return
-        their sessions, which are rescanned whole."""
-        done = []
-        for sid in self.intents.pending():
-            if self.intents.read(sid) is not None:
-                self.intents.finish_left(sid)
-                self.store.count("recovery.intents_finished")
-                done.append(sid)
-        return done
 
 
 def _nothing(change: Change) -> None:

@@ -12,8 +12,10 @@ commits they are known to :meth:`Index.lookup_now`, the append path's one look a
 index, which reads committed rows through a second, synchronous connection on the loop:
 a point query costs microseconds, a thread hop a hundred. Every other query and
 transaction first waits for the rows queued before it (:meth:`Index.settle`), so reads
-see every answered append. A batch that fails to commit marks its sessions
-:attr:`Index.stale`; the store reconciles a stale session from its file before serving it.
+see every answered append. What is kept in memory of one session's rows is its
+:class:`RowCache`, which its session owns; a batch that fails to commit marks its
+sessions' caches ``stale``, and a stale session is rebuilt from its file before it is
+served.
 """
 
 from __future__ import annotations
@@ -276,10 +278,23 @@ KNOWN_SESSION = 20_000
 """A session with more rows than this is looked up in SQLite each time."""
 
 
+@dataclass(slots=True, eq=False)
+class RowCache:
+    """What the index keeps in memory of one session's rows; its session owns it."""
+
+    session_id: str
+    fresh: dict[str, int] = dataclasses.field(default_factory=dict)
+    """``{id: line}`` of its rows queued for a batch, not yet committed."""
+    known: dict[str, int] | None = None
+    """``{id: line}`` of every committed row, read once (``None``: not read, or evicted)."""
+    too_big: bool = False  # more rows than are worth keeping known
+    stale: bool = False  # a batch of its rows failed: rebuilt from its file before use
+
+
 class _Queued(NamedTuple):
     """Appended rows waiting for their batch's commit, and the file after them."""
 
-    session_id: str
+    cache: RowCache
     rows: Sequence[Row]
     stamp: FileStamp
     line_count: int
@@ -297,21 +312,19 @@ class Index:
         self._queue: list[_Queued] = []
         self._queued = 0  # batches of rows ever queued ...
         self._committed = 0  # ... and how many of them are through (committed or given up)
-        self._fresh: dict[str, dict[str, int]] = {}  # queued rows: session -> {id: line}
-        # Every committed row of recently appended sessions: session -> {id: line}, least
-        # recently used first. _commit adds what it commits; every other write of the
-        # messages table drops its session after its transaction (_rows_transaction).
-        self._known: collections.OrderedDict[str, dict[str, int]] = collections.OrderedDict()
+        # The caches whose committed ids are known, least recently used first: _commit adds
+        # what it commits; every other write of a session's rows drops them after its
+        # transaction (_rows_transaction).
+        self._known: collections.OrderedDict[RowCache, None] = collections.OrderedDict()
         self._known_count = 0
-        self._too_big: set[str] = set()
         self._queued_rows = 0
         self._flusher: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self.batches = 0  # batches of queued rows committed (for host.stats)
         self.failures = 0  # ... and of them, how many failed
         self.error: BaseException | None = None
-        self.stale: set[str] = set()
-        """Sessions whose queued rows failed to commit: reconcile them before use."""
+        self.stale = 0
+        """How many sessions' queued rows failed to commit (:attr:`RowCache.stale`)."""
         self._full = self._normal = 0  # PRAGMA synchronous's levels, as SQLite reports them
 
     @classmethod
@@ -378,17 +391,17 @@ class Index:
     # -- queued appends -----------------------------------------------------------------
 
     def queue_append(
-        self, session_id: str, rows: Sequence[Row], stamp: FileStamp, line_count: int
+        self, cache: RowCache, rows: Sequence[Row], stamp: FileStamp, line_count: int
     ) -> None:
         """Queue rows of lines already durable in the transcript; commit them soon.
 
         Soon is :data:`FLUSH_DELAY` later, or at once past :data:`FLUSH_ROWS` rows, or when
         any other query or transaction wants the index.
         """
-        self._queue.append(_Queued(session_id, rows, stamp, line_count, ""))
+        self._queue.append(_Queued(cache, rows, stamp, line_count, ""))
         self._queued += 1
         self._queued_rows += len(rows)
-        fresh = self._fresh.setdefault(session_id, {})
+        fresh = cache.fresh
         for r in rows:
             fresh[r.message_id] = r.line
         if self._queued_rows >= FLUSH_ROWS:
@@ -404,11 +417,11 @@ class Index:
             self._flusher = asyncio.get_running_loop().create_task(self._flush())
 
     async def append(
-        self, session_id: str, rows: Sequence[Row], stamp: FileStamp, line_count: int, now: str
+        self, cache: RowCache, rows: Sequence[Row], stamp: FileStamp, line_count: int, now: str
     ) -> None:
         """Commit rows of appended lines now, after those queued before them."""
         await self.settle()
-        await self._commit([_Queued(session_id, rows, stamp, line_count, now)])
+        await self._commit([_Queued(cache, rows, stamp, line_count, now)])
 
     async def settle(self) -> None:
         """Wait until every row queued so far is committed.
@@ -424,10 +437,13 @@ class Index:
         if self.failures != failures:
             raise sqlite3.OperationalError(f"appended rows could not be indexed: {self.error}")
 
-    def reconciling(self, session_id: str) -> None:
-        """The store rebuilds a stale session's rows from its file: forget what was queued."""
-        self.stale.discard(session_id)
-        self._fresh.pop(session_id, None)
+    def reconciling(self, cache: RowCache) -> None:
+        """A stale session's rows are rebuilt from its file: forget what was queued."""
+        if cache.stale:
+            cache.stale = False
+            self.stale -= 1
+        cache.fresh.clear()
+        self._forget(cache)
 
     async def _flush(self) -> None:
         """Commit the rows queued so far in one transaction; start the next batch's."""
@@ -435,11 +451,14 @@ class Index:
         self._queued_rows = 0
         self.batches += 1
         try:
-            await self._commit([q for q in batch if q.session_id not in self.stale])
+            await self._commit([q for q in batch if not q.cache.stale])
         except BaseException as exc:
-            sids = {q.session_id for q in batch}
+            sids = sorted({q.cache.session_id for q in batch})
             log.error("index: a batch of appended rows failed to commit (%r): %s", exc, sids)
-            self.stale |= sids  # the files hold the lines: reconciled on next use
+            for q in batch:  # the files hold the lines: rebuilt on next use
+                if not q.cache.stale:
+                    q.cache.stale = True
+                    self.stale += 1
             self.failures += 1
             self.error = exc
             if not isinstance(exc, Exception):
@@ -447,14 +466,12 @@ class Index:
         finally:
             self._committed += len(batch)
             for q in batch:
-                if q.session_id in self.stale:
-                    continue  # its queued ids still answer replays until it is reconciled
-                fresh = self._fresh.get(q.session_id)
+                if q.cache.stale:
+                    continue  # its queued ids still answer replays until it is rebuilt
+                fresh = q.cache.fresh
                 for r in q.rows:
-                    if fresh is not None and fresh.get(r.message_id) == r.line:
+                    if fresh.get(r.message_id) == r.line:
                         del fresh[r.message_id]
-                if not fresh:
-                    self._fresh.pop(q.session_id, None)
             self._flusher = None
             if self._queue:  # rows queued during this commit: the next batch's
                 self._timer = asyncio.get_running_loop().call_later(FLUSH_DELAY, self._start_flush)
@@ -462,25 +479,25 @@ class Index:
     async def _commit(self, batch: Sequence[_Queued]) -> None:
         if not batch:
             return
-        last = {q.session_id: q for q in batch}
+        last = {q.cache.session_id: q for q in batch}
         now = now_iso()
         async with self._transaction() as db:
             await db.executemany(
                 "INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [(q.session_id, *r) for q in batch for r in q.rows],
+                [(q.cache.session_id, *r) for q in batch for r in q.rows],
             )
             await db.executemany(_SET_FILE, [_file_params(q, now) for q in last.values()])
         for q in batch:  # committed: known from now on
-            known = self._known.get(q.session_id)
+            known = q.cache.known
             if known is not None:
                 before = len(known)
                 known.update((r.message_id, r.line) for r in q.rows)
                 self._known_count += len(known) - before
         self._evict()
 
-    def lookup_now(self, session_id: str, message_ids: Sequence[str]) -> dict[str, int]:
+    def lookup_now(self, cache: RowCache, message_ids: Sequence[str]) -> dict[str, int]:
         """Return ``{message_id: line}`` of those stored, queued rows included; no await."""
-        fresh = self._fresh.get(session_id) or {}
+        fresh = cache.fresh
         found: dict[str, int] = {}
         unseen: dict[str, None] = {}  # in order, once each
         for m in message_ids:  # one loop, no comprehension: one append at a time is hot
@@ -490,13 +507,14 @@ class Index:
                 unseen[m] = None
         if not unseen:
             return found
-        known = self._known_ids(session_id)
+        known = self._known_ids(cache)
         if known is not None:
             for m in unseen:
                 if m in known:
                     found[m] = known[m]
             return found
         rest = list(unseen)
+        session_id = cache.session_id
         assert self._reader is not None
         for i in range(0, len(rest), 500):
             part = rest[i : i + 500]
@@ -505,41 +523,46 @@ class Index:
             found.update(self._reader.execute(_LOOKUP % marks, (session_id, *part)).fetchall())
         return found
 
-    def _known_ids(self, session_id: str) -> dict[str, int] | None:
+    def _known_ids(self, cache: RowCache) -> dict[str, int] | None:
         """The session's committed ``{id: line}``, read once; ``None`` for a big session."""
-        known = self._known.get(session_id)
+        known = cache.known
         if known is not None:
-            self._known.move_to_end(session_id)
+            self._known.move_to_end(cache)
             return known
-        if session_id in self._too_big:
+        if cache.too_big:
             return None
         assert self._reader is not None
         self.fs.sqlite("read")
-        rows = self._reader.execute(_KNOWN, (session_id, KNOWN_SESSION + 1)).fetchall()
+        rows = self._reader.execute(_KNOWN, (cache.session_id, KNOWN_SESSION + 1)).fetchall()
         if len(rows) > KNOWN_SESSION:
-            self._too_big.add(session_id)
+            cache.too_big = True
             return None
-        known = self._known[session_id] = dict(rows)
+        known = cache.known = dict(rows)
+        self._known[cache] = None
         self._known_count += len(known)
         self._evict()
         return known
 
     def _evict(self) -> None:
         while self._known_count > KNOWN_IDS and len(self._known) > 1:
-            _, gone = self._known.popitem(last=False)
-            self._known_count -= len(gone)
+            self._forget(next(iter(self._known)))
+
+    def _forget(self, cache: RowCache) -> None:
+        """Drop what is known of a session's committed rows (they changed, or for room)."""
+        if cache.known is not None:
+            self._known_count -= len(cache.known)
+            cache.known = None
+        self._known.pop(cache, None)
+        cache.too_big = False
 
     @contextlib.asynccontextmanager
-    async def _rows_transaction(self, session_id: str) -> AsyncIterator[aiosqlite.Connection]:
+    async def _rows_transaction(self, cache: RowCache) -> AsyncIterator[aiosqlite.Connection]:
         """A transaction that changes a session's rows; what is known of them is dropped after."""
         try:
             async with self.transaction() as db:
                 yield db
         finally:
-            gone = self._known.pop(session_id, None)
-            if gone is not None:
-                self._known_count -= len(gone)
-            self._too_big.discard(session_id)
+            self._forget(cache)
 
     # -- transactions ---------------------------------------------------------------
 
@@ -738,17 +761,18 @@ class Index:
                 dataclasses.astuple(row),
             )
 
-    async def delete_session(self, session_id: str) -> None:
+    async def delete_session(self, cache: RowCache) -> None:
         """Remove a session and all its rows and turns."""
-        async with self._rows_transaction(session_id) as db:
+        async with self._rows_transaction(cache) as db:
             for table in ("messages", "turns", "sessions"):
-                await db.execute(f"DELETE FROM {table} WHERE session_id = ?", (session_id,))
+                await db.execute(f"DELETE FROM {table} WHERE session_id = ?", (cache.session_id,))
 
     async def update_line(
-        self, session_id: str, row: Row, delta: int, stamp: FileStamp, line_count: int, now: str
+        self, cache: RowCache, row: Row, delta: int, stamp: FileStamp, line_count: int, now: str
     ) -> None:
         """Record one rewritten line; the lines after it move by ``delta`` bytes."""
-        async with self._rows_transaction(session_id) as db:
+        session_id = cache.session_id
+        async with self._rows_transaction(cache) as db:
             if delta:
                 await db.execute(
                     "UPDATE messages SET offset = offset + ? WHERE session_id = ? AND line > ?",
@@ -763,7 +787,7 @@ class Index:
 
     async def replace_rows(
         self,
-        session_id: str,
+        cache: RowCache,
         rows: Iterable[Row],
         stamp: FileStamp,
         line_count: int,
@@ -771,7 +795,8 @@ class Index:
         keep_from: int = 0,
     ) -> None:
         """Replace the session's rows from line ``keep_from`` on (all of them by default)."""
-        async with self._rows_transaction(session_id) as db:
+        session_id = cache.session_id
+        async with self._rows_transaction(cache) as db:
             await db.execute(
                 "DELETE FROM messages WHERE session_id = ? AND line >= ?", (session_id, keep_from)
             )
@@ -818,11 +843,12 @@ _SET_FILE_CLEAN = _SET_FILE.replace(" WHERE", ", dirty = 0 WHERE")
 
 def _file_params(q: _Queued, now: str = "") -> tuple[Any, ...]:
     stamp = q.stamp
-    return (q.line_count, stamp.size, stamp.ino, stamp.mtime_ns, q.now or now, q.session_id)
+    return (q.line_count, stamp.size, stamp.ino, stamp.mtime_ns, q.now or now, q.cache.session_id)
 
 
 async def _set_file(
     db: aiosqlite.Connection, session_id: str, stamp: FileStamp, line_count: int, now: str
 ) -> None:
     """Record the file as the rows now describe it, whatever changed it: no longer dirty."""
-    await db.execute(_SET_FILE_CLEAN, _file_params(_Queued(session_id, (), stamp, line_count, now)))
+    params = (line_count, stamp.size, stamp.ino, stamp.mtime_ns, now, session_id)
+    await db.execute(_SET_FILE_CLEAN, params)

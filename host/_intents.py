@@ -76,15 +76,13 @@ class Intents:
         self.layout = layout
         self.fs = fs
         self.archive = archive
-        self.unfinished: set[str] = set()
-        """Sessions whose recorded change could not be applied yet: made before serving."""
 
     def commit(self, change: Change) -> bool:
         """Record (if it spans several files), apply and finish a prepared change.
 
         A failure before the record removes what was prepared and raises: nothing changed.
         ``False``: applying failed past the record; the change is made before the session
-        is served again (:meth:`finish_left`).
+        is served again (:meth:`finish_left`, :attr:`Session.unfinished`).
         """
         if not change.several():
             try:
@@ -104,7 +102,6 @@ class Intents:
         except OSError as exc:
             sid = change.session_id
             log.error("session %s: a recorded change is not applied yet: %s", sid, exc)
-            self.unfinished.add(sid)
             return False
         return True
 
@@ -163,7 +160,6 @@ class Intents:
         """Remove a made change's intent, durably, and the payloads no manifest names."""
         self.fs.unlink(self.layout.intent(change.session_id))
         self.fs.fsync_dir(self.layout.sessions)
-        self.unfinished.discard(change.session_id)
         if change.root_id is not None:
             self.archive.prune(change.session_id, change.root_id)
 
@@ -175,7 +171,6 @@ class Intents:
         change = self.read(session_id)
         if change is None:  # removed (its folder's fsync failed), or none of its own
             self.fs.fsync_dir(self.layout.sessions)
-            self.unfinished.discard(session_id)
             return
         with contextlib.suppress(FileNotFoundError):  # a deleted session's leftover
             self.apply(change)

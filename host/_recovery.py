@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from host._fs import FileSystem, on_thread, read_regular
-from host._index import Index, Row, SessionRow, now_iso
+from host._index import Index, Row, RowCache, SessionRow, now_iso
 from host._layout import SPARE, Layout
 from host._messages import Message, pager_json, parse_stored
 from host._transcript import FileStamp, Piece, Transcript, iter_lines
@@ -29,7 +29,7 @@ from host._turnlog import TurnLog
 
 
 class Store(Protocol):
-    """What recovery needs of the store (:class:`host._store.Store` is one): the store
+    """What recovery needs of the store (:class:`host._store.Registry` is one): the store
     builds on recovery, never the other way round."""
 
     layout: Layout
@@ -39,6 +39,7 @@ class Store(Protocol):
     counters: dict[str, int]
 
     def count(self, name: str, n: int = 1) -> None: ...
+    def cache_of(self, session_id: str) -> RowCache: ...
 
 
 log = logging.getLogger("host.recovery")
@@ -258,7 +259,7 @@ async def reconcile(
             SessionRow(session_id, title, created, created, 0, 0, 0, 0)
         )
     await store.index.replace_rows(
-        session_id,
+        store.cache_of(session_id),
         result.rows,
         stamp,
         start_line + len(result.rows),
@@ -343,7 +344,7 @@ async def recover(store: Store, *, full: bool = False, rescan: Collection[str] =
     indexed = {row.session_id: row for row in await store.index.sessions()}
     for sid in sorted(set(indexed) - on_disk):
         log.warning("session %s: index row without transcript dropped", sid)
-        await store.index.delete_session(sid)
+        await store.index.delete_session(store.cache_of(sid))
         report.dropped_index_rows += 1
     report.sessions = len(on_disk)
     last = time.monotonic()

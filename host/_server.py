@@ -503,7 +503,7 @@ class _Listener:
         assert self.host is not None, "connections are accepted only once serving"
         cap = self.host.limits.max_connections
         if self.connections >= cap:
-            self.host.store.count("connections.refused")
+            self.host.registry.count("connections.refused")
             log.warning("a connection refused: %d are served already", cap)
             return _Refusal(cap)
         return _Client(self.host, self.clients, self)

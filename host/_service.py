@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import shutil
 import sqlite3
 import time
 import uuid
@@ -39,7 +38,7 @@ from host._limits import REQUEST_BYTES, Limits
 from host._locks import Ticket
 from host._recovery import Report, recover
 from host._sessions import SessionMethods
-from host._store import Store
+from host._store import Registry
 from host._turns import TurnMethods
 from host._wire import CreateParams, EmptyParams, ShutdownResult, StatsResult
 
@@ -53,15 +52,15 @@ log = logging.getLogger("host")
 class Host:
     """Everything one running host owns: the store, the handler table, the stats."""
 
-    def __init__(self, store: Store, report: Report, limits: Limits | None = None) -> None:
-        self.store = store
+    def __init__(self, registry: Registry, report: Report, limits: Limits | None = None) -> None:
+        self.registry = registry
         self.report = report
         self.limits = limits or Limits()
         self.stats = Stats()
         self.shutdown_requested = asyncio.Event()
-        self.sessions = SessionMethods(store)
-        self.turns = TurnMethods(store, self.sessions)
-        self.history = HistoryMethods(store, self.sessions, self.turns)
+        self.sessions = SessionMethods(registry)
+        self.turns = TurnMethods(registry, self.sessions)
+        self.history = HistoryMethods(registry, self.sessions, self.turns)
         s, t, h = self.sessions, self.turns, self.history
         self.handlers: dict[str, Handler] = {
             "session.create": s.create,
@@ -106,7 +105,7 @@ class Host:
             return self.turns.recover_inflight(params, call)
         if not isinstance(sid, str):
             return handler(params)
-        locks = self.store.locks
+        locks = self.registry.locks
         rider = params if method == "session.appendMessage" else None
         # the twins' queue is entered first; its key is no legal id ("/" is in none)
         twin = [locks.enqueue("/" + sid.lower(), call)] if method in _TWINS else []
@@ -146,10 +145,10 @@ class Host:
                 )
             async with contextlib.AsyncExitStack() as stack:
                 index = await stack.enter_async_context(Index.open(layout.index, fs, busy_timeout))
-                store = Store(layout, index, fs, open_transcripts=limits.open_transcripts)
-                stack.callback(store.close)
+                registry = Registry(layout, index, fs, open_transcripts=limits.open_transcripts)
+                stack.callback(registry.close)
                 try:
-                    host = await cls._recover(store, limits)
+                    host = await cls._recover(registry, limits)
                 except sqlite3.DatabaseError as exc:
                     if busy(exc):
                         raise IndexBusy(layout.index, exc) from None
@@ -161,17 +160,13 @@ class Host:
                 return
 
     @classmethod
-    async def _recover(cls, store: Store, limits: Limits) -> Host:
-        layout = store.layout
+    async def _recover(cls, registry: Registry, limits: Limits) -> Host:
+        layout = registry.layout
         for path in (layout.index, layout.index + "-wal", layout.index + "-shm"):
             if os.path.exists(path):
                 os.chmod(path, 0o600)
-        host = cls(store, Report(), limits)
-        await on_thread(store.remove_leftovers)  # before anything reads them
-        changed = await on_thread(host.history.apply_intent_files)
-        host.report = report = await recover(store, rescan=set(changed))
-        await host.turns.recover_at_start()
-        await on_thread(_sweep_archives, store)
+        host = cls(registry, Report(), limits)
+        host.report = report = await recover_data_dir(registry)
         log.info(
             "recovered %d session(s): %d reconciled, %d line(s) indexed, %d torn tail(s),"
             " %d line(s) quarantined, %d temp file(s) removed",
@@ -185,12 +180,7 @@ class Host:
         return host
 
     async def host_stats(self, p: EmptyParams) -> StatsResult:
-        counters = dict(self.store.counters)
-        counters["sessions.open"] = self.store.open_count
-        counters["locks.held"] = len(self.store.locks)
-        counters["index.batches"] = self.store.index.batches
-        counters["fsyncs.onLoop"] = int(self.store.fsyncs.inline)
-        counters["rewrites.copyFallbacks"] = self.store.fs.copy_fallbacks
+        counters = self.registry.counters_now()
         counters["connections.paused"] = self.stats.paused
         counters["calls.waiting"] = self.stats.waiting
         counters["calls.inline"] = self.stats.inline
@@ -222,13 +212,14 @@ async def _in_turn(handler: Handler, params: Any, tickets: list[Ticket], ticket:
             t.leave()
 
 
-def _sweep_archives(store: Store) -> None:
-    """Drop archives of deleted sessions and payloads no manifest names."""
-    on_disk = set(store.layout.transcript_ids())
-    for sid in os.listdir(store.layout.revisions_root):
-        if os.path.islink(path := os.path.join(store.layout.revisions_root, sid)):
-            log.warning("%s is a symlink, not a session's archive: left alone", path)
-        elif sid not in on_disk:
-            shutil.rmtree(os.path.join(store.layout.revisions_root, sid), ignore_errors=True)
-        elif n := store.archive.sweep(sid):
-            log.info("session %s: %d unreferenced revision payload(s) removed", sid, n)
+async def recover_data_dir(registry: Registry, *, full: bool = False) -> Report:
+    """Start-up recovery, the one path (``serve`` and ``verify --repair`` alike): leftovers
+    removed, recorded changes made, transcripts reconciled with the index, every session
+    registered, running turns ended, archives swept. ``full`` rescans every transcript."""
+    await on_thread(registry.remove_leftovers)  # before anything reads them
+    changed = await on_thread(registry.finish_recorded)
+    report = await recover(registry, full=full, rescan=set(changed))
+    await registry.register_all()
+    await registry.settle_turns()
+    await on_thread(registry.sweep_archives)
+    return report

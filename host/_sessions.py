@@ -7,17 +7,14 @@ can never be overwritten: every rewrite re-reads the file inside the lock.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 from collections.abc import Sequence
 
 import msgspec
 from msgspec import UNSET, Raw
 
 from host._errors import Conflict, HostError, LimitExceeded, NotFound
-from host._fs import on_thread
-from host._index import Row, SessionRow, now_iso
+from host._index import Row
 from host._messages import (
     Message,
     pager_from_json,
@@ -25,9 +22,9 @@ from host._messages import (
     parse_incoming,
     parse_stored,
 )
-from host._recovery import reconcile
-from host._store import NewLine, OpenSession, Store
-from host._transcript import FileStamp, Piece, Transcript
+from host._session import NewLine, Session
+from host._store import Registry
+from host._transcript import Piece
 from host._wire import (
     MAX_LINE,
     AppendParams,
@@ -56,8 +53,8 @@ _ENC = msgspec.json.Encoder()
 class SessionMethods:
     """Handlers of the transcript methods; turns, revisions and checkpoints extend them."""
 
-    def __init__(self, store: Store) -> None:
-        self.store = store
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -65,44 +62,16 @@ class SessionMethods:
         sid = p.session_id
         assert isinstance(sid, str)  # the service names an unnamed session
         title = p.title if isinstance(p.title, str) else None
-        if await self.store.index.session(sid) is not None:
-            return CreateResult(session_id=sid, created=False)
-        if twin := await on_thread(self.store.layout.case_twin, sid):
+        if sid not in self.registry.sessions and (twin := await self.registry.case_twin(sid)):
             raise Conflict(
                 f"session {twin!r} exists: an id that differs from it only in case would"
                 " be the same file on a case-insensitive file system",
                 sessionId=twin,
             )
-        if os.path.exists(self.store.layout.transcript(sid)):
-            # A transcript the index has not seen (copied in while the host runs): the
-            # file is the truth, so it is indexed as start would, never replaced.
-            await reconcile(self.store, sid, full=True)
-            return CreateResult(session_id=sid, created=False)
-        now = now_iso()
-        fs, layout = self.store.fs, self.store.layout
-        meta = json.dumps({"title": title, "createdAt": now}).encode()
-
-        def make_files() -> FileStamp:
-            fs.unlink(layout.intent(sid))  # a deleted session's (its removal failed)
-            fs.write_atomic(layout.meta(sid), meta)
-            self.store.turnlog.create(sid)  # its name made durable with the transcript's
-            t = Transcript.create(fs, layout.transcript(sid))
-            try:
-                return t.stamp()
-            finally:
-                t.close()
-
-        try:
-            st = await on_thread(make_files)
-            row = SessionRow(sid, title, now, now, 0, 0, st.ino, st.mtime_ns)
-            await self.store.index.create_session(row)
-        except BaseException:
-            await on_thread(self.store.remove_files, sid)
-            raise
-        return CreateResult(session_id=sid, created=True)
+        return CreateResult(session_id=sid, created=await self.registry.create(sid, title))
 
     async def list_sessions(self, p: EmptyParams) -> ListResult:
-        rows = await self.store.index.sessions()
+        rows = await self.registry.list()
         return ListResult(
             sessions=[
                 SessionSummary(
@@ -116,28 +85,13 @@ class SessionMethods:
         )
 
     async def delete(self, p: SessionParams) -> DeleteResult:
-        sid = p.session_id
-        if await self.store.index.session(sid) is None:  # a change it left is not made
-            raise NotFound("session", sid)
-        self.store.forget(sid)
-        await self.store.index.mark_dirty(sid)  # a same-id session may follow its rows
-        await on_thread(self.store.bury, sid)  # the commit
-        self.store.intents.unfinished.discard(sid)
-        try:
-            await self.store.index.delete_session(sid)
-        except BaseException:
-            await on_thread(self.store.unbury, sid)
-            raise
-        try:
-            await on_thread(self.store.remove_files, sid)
-        except OSError as exc:  # deleted all the same: the rest goes at the next start
-            log.warning("session %s: deleted; its files go at the next start: %s", sid, exc)
+        await self.registry.delete(p.session_id)
         return DeleteResult(deleted=True)
 
     # -- reads ----------------------------------------------------------------------
 
     async def get(self, p: GetParams) -> GetResult:
-        s = await self.store.open_session(p.session_id)
+        s = await self.registry.open(p.session_id)
         total = s.line_count
         end = total if p.before_line is UNSET else min(p.before_line, total)
         start = 0 if p.limit is UNSET else max(0, end - p.limit)
@@ -177,18 +131,18 @@ class SessionMethods:
         """Append the message, and those of the appends queued right behind it, with one
         write and one fsync (group commit); each of those calls answers as its own."""
         sid = p.session_id
-        ticket = self.store.locks.queue(sid)[0]  # this call holds its session
+        ticket = self.registry.locks.queue(sid)[0]  # this call holds its session
         a = _Append.of(p)
-        s = await self.store.open_session(sid)
-        riders = self.store.locks.followers(ticket, GROUP - 1, _Append.rider)
+        s = await self.registry.open(sid)
+        riders = self.registry.locks.followers(ticket, GROUP - 1, _Append.rider)
         try:
             await self._append_group(s, [a, *(t.rider for t in riders)], defer_index=True)
         finally:
-            self.store.locks.release(riders)
+            self.registry.locks.release(riders)
         return a.answer()
 
     async def _append_group(
-        self, s: OpenSession, group: list[_Append], *, defer_index: bool = False
+        self, s: Session, group: list[_Append], *, defer_index: bool = False
     ) -> None:
         """Append every message of ``group`` not yet stored, with one write and one fsync.
 
@@ -201,7 +155,7 @@ class SessionMethods:
                 if s.checkpoint_holds(a.msg.id):
                     await s.remove_checkpoint()
             if len(group) > 1:
-                self.store.count("appends.grouped", len(group))
+                self.registry.count("appends.grouped", len(group))
         except BaseException as exc:
             for a in group:
                 a.error = exc
@@ -210,7 +164,7 @@ class SessionMethods:
             for a in group:
                 a.done = True
 
-    def _plan(self, s: OpenSession, group: list[_Append]) -> tuple[list[_Append], list[NewLine]]:
+    def _plan(self, s: Session, group: list[_Append]) -> tuple[list[_Append], list[NewLine]]:
         """The calls of ``group`` whose message is not stored yet, and their lines."""
         stored = s.lookup_now([a.msg.id for a in group])
         fresh: list[_Append] = []
@@ -230,10 +184,10 @@ class SessionMethods:
             if a.line < 0:
                 a.line = next(b.line for b in fresh if b.msg.id == a.msg.id)
             if not a.appended:
-                self.store.count("appends.deduplicated")
+                self.registry.count("appends.deduplicated")
 
     async def append_locked(
-        self, s: OpenSession, msg: Message, turn_id: str | None
+        self, s: Session, msg: Message, turn_id: str | None
     ) -> tuple[int, bool]:
         """Append ``msg`` unless its id is stored (at least once in, exactly once stored).
 
@@ -246,7 +200,7 @@ class SessionMethods:
 
     async def update_message(self, p: UpdateParams) -> LineResult:
         msg = parse_incoming(p.message)
-        s = await self.store.open_session(p.session_id)
+        s = await self.registry.open(p.session_id)
         row = await s.lookup(msg.id)
         if row is None:
             raise NotFound("message", msg.id)
@@ -260,7 +214,7 @@ class SessionMethods:
         return LineResult(line=row.line)
 
     async def delete_messages(self, p: DeleteMessagesParams) -> CountDeletedResult:
-        s = await self.store.open_session(p.session_id)
+        s = await self.registry.open(p.session_id)
         doomed = set(p.message_ids)
         rows = await s.rows()
         kept = [r for r in rows if r.message_id not in doomed]
@@ -272,7 +226,7 @@ class SessionMethods:
 
     async def replace_messages(self, p: ReplaceParams) -> CountResult:
         msgs = parse_all(p.messages)
-        s = await self.store.open_session(p.session_id)
+        s = await self.registry.open(p.session_id)
         old = {r.message_id: r for r in await s.rows()}
         pieces: list[Piece] = []
         rows: list[Row] = []

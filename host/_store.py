@@ -1,10 +1,10 @@
-"""The transcript store: each session's file and index rows kept in step.
+"""The registry of sessions: every :class:`~host._session.Session` the host holds, and
+what spans sessions (create, list, delete, start, the open-transcript bound).
 
-Every write follows one order. Append: whole lines written, fsync, the answer, then the
-index rows in a batch (see :mod:`host._index`); a failed write or fsync cuts the file
-back. Rewrite: temp file, fsync, rename, folder fsync, then the index; a failed index
-commit puts the old bytes back.
-Callers hold the session's lock (see :mod:`host._locks`) around all of it.
+It is the only place that keys anything by session id: each session's state lives on its
+:class:`Session`, and a delete drops that object whole. It also owns the services the
+sessions share (the index, the file system seam, the archive, the turn log) and the
+policy of where durable writes run.
 
 A session whose file no longer matches what the index recorded (inode, size, mtime) is
 reconciled before it is served: at start, and after any write that failed half-way.
@@ -13,190 +13,35 @@ reconciled before it is served: at start, and after any write that failed half-w
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
 import shutil
-import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any, TypeVar
 
-from msgspec import Raw
-
 from host._archive import Archive
-from host._checkpoints import Checkpoint, Checkpoints
-from host._errors import NotFound, StorageError
+from host._checkpoints import Checkpoints
+from host._errors import NotFound
 from host._fs import FileSystem, on_thread
-from host._index import Index, Row, now_iso
-from host._intents import Change, Intents
+from host._index import Index, RowCache, SessionRow, now_iso
+from host._intents import Intents
 from host._layout import Layout, UnsafeFolder
 from host._limits import OPEN_TRANSCRIPTS
 from host._locks import LockTable
-from host._messages import Message, display_capped, pager_json, valid_line
-from host._recovery import quarantine, reconcile
-from host._transcript import FileStamp, Piece, Transcript
-from host._turnlog import TurnLog, TurnRecord, TurnStatus
+from host._recovery import reconcile, reconcile_turns
+from host._session import BIG_WRITE, Session, timed, turn_record
+from host._transcript import FileStamp, Transcript
+from host._turnlog import TurnLog, TurnStatus
 
 log = logging.getLogger("host.store")
-BIG_WRITE = 1 << 20  # durable writes larger than this are made off the loop
 RATE = 256 << 20
 """Bytes a second a fast disk takes in: what a durable write's bytes are excused of its
 time before it counts for :class:`FsyncPolicy` (a 1 MB replace's 2 ms is its bytes)."""
 T = TypeVar("T")
 ROOM_WAIT = 30.0
 """Seconds a call waits for an open transcript to close before it opens one more."""
-
-
-@dataclass(slots=True, eq=False)
-class OpenSession:
-    """A session being served, which its call reaches storage through while it holds it:
-    its transcript and size, its rows and turns in the index, and its checkpoint."""
-
-    session_id: str
-    transcript: Transcript
-    line_count: int
-    size: int
-    store: Store = field(repr=False)
-
-    # -- rows -----------------------------------------------------------------------
-
-    def lookup(self, message_id: str) -> Coroutine[Any, Any, Row | None]:
-        return self.store.index.lookup(self.session_id, message_id)
-
-    def lookup_now(self, message_ids: Sequence[str]) -> dict[str, int]:
-        return self.store.index.lookup_now(self.session_id, message_ids)
-
-    def rows(self, start: int = 0, end: int | None = None) -> Coroutine[Any, Any, list[Row]]:
-        return self.store.index.rows(self.session_id, start, end)
-
-    def last_user(self, before: int | None = None) -> Coroutine[Any, Any, Row | None]:
-        return self.store.index.last_user(self.session_id, before)
-
-    def next_user_line(self, after: int) -> Coroutine[Any, Any, int | None]:
-        return self.store.index.next_user_line(self.session_id, after)
-
-    def mark_dirty(self) -> Coroutine[Any, Any, None]:
-        return self.store.index.mark_dirty(self.session_id)
-
-    def read_rows(self, rows: Sequence[Row]) -> Coroutine[Any, Any, list[bytes]]:
-        return self.store.read_rows(self, rows)
-
-    def read_raw(self, rows: Sequence[Row]) -> Coroutine[Any, Any, list[Raw]]:
-        return self.store.read_raw(self, rows)
-
-    async def read_row(self, row: Row) -> bytes:
-        return (await self.store.read_rows(self, [row]))[0]
-
-    def read_capped(
-        self, row: Row, cap: int, host_fields: dict[str, bytes]
-    ) -> Coroutine[Any, Any, bytes]:
-        return self.store.read_capped(self, row, cap, host_fields)
-
-    def append(
-        self, lines: Sequence[NewLine], *, defer_index: bool = False
-    ) -> Coroutine[Any, Any, list[int]]:
-        return self.store.append(self, lines, defer_index=defer_index)
-
-    def rewrite(
-        self, pieces: Sequence[Piece], rows: Sequence[Row], *, keep_from: int = 0
-    ) -> Coroutine[Any, Any, None]:
-        return self.store.rewrite(self, pieces, rows, keep_from=keep_from)
-
-    def rewrite_line(self, row: Row, new: Row, data: bytes) -> Coroutine[Any, Any, None]:
-        return self.store.rewrite_line(self, row, new, data)
-
-    # -- turns ----------------------------------------------------------------------
-
-    def turn(self, turn_id: str) -> str | None:
-        return self.store.index.turn(self.session_id, turn_id)
-
-    def running_turn(self) -> Coroutine[Any, Any, str | None]:
-        return self.store.index.running_turn(self.session_id)
-
-    def has_prompt(self, turn_id: str) -> Coroutine[Any, Any, bool]:
-        return self.store.index.has_prompt(self.session_id, turn_id)
-
-    def prompt_stored(self, turn_id: str) -> Coroutine[Any, Any, None]:
-        return self.store.index.prompt_stored(self.session_id, turn_id)
-
-    def record_turn(
-        self, turn_id: str, status: TurnStatus, prompt_id: str | None = None
-    ) -> Coroutine[Any, Any, None]:
-        return self.store.record_turn(self.session_id, turn_id, status, prompt_id)
-
-    # -- checkpoint -----------------------------------------------------------------
-
-    def checkpoint_holds(self, message_id: str) -> bool:
-        """Whether its checkpoint is of ``message_id`` (no system call when it has none)."""
-        if self.session_id not in self.store.checkpoints.present:
-            return False
-        try:
-            ids = self.checkpoint_ids()
-        except ValueError:
-            return False  # a corrupt checkpoint is quarantined by its settlement, not here
-        return ids is not None and ids[1] == message_id
-
-    def checkpoint_ids(self) -> tuple[str, str] | None:
-        """The (turn id, message id) of its checkpoint; ``ValueError`` when corrupt."""
-        return self.store.checkpoints.ids(self.session_id)
-
-    def checkpoint(self) -> Checkpoint | None:
-        """Its checkpoint; a corrupt one is quarantined and removed (blocking, small)."""
-        return self.store.read_checkpoint(self.session_id)
-
-    async def save_checkpoint(self, turn_id: str, message_id: str, message: Raw) -> None:
-        cps = self.store.checkpoints
-        args = (self.session_id, turn_id, message_id, message)
-        await self.store.durably(len(message), cps.save, *args)
-
-    def remove_checkpoint(self) -> Coroutine[Any, Any, None]:
-        return on_thread(self.store.checkpoints.remove, self.session_id)
-
-
-@dataclass(slots=True)
-class NewLine:
-    """A line to append: the stored bytes (no newline) and what the index keeps of it."""
-
-    data: bytes
-    message_id: str
-    role: str
-    turn_id: str | None
-    status: str
-    pager: str | None = None
-
-    @classmethod
-    def of(cls, msg: Message, turn_id: str | None, pager: dict[str, Raw] | None = None) -> NewLine:
-        """Build the line for ``msg`` as the host stores it, with the stored ``pager``."""
-        pager = pager or {}
-        data = msg.stored_line(turn_id=turn_id, pager=pager)
-        return cls(data, msg.id, msg.head.role, turn_id, msg.head.status, pager_json(pager))
-
-    def row(self, line: int, offset: int) -> Row:
-        return Row(
-            line,
-            self.message_id,
-            offset,
-            len(self.data),
-            self.role,
-            self.turn_id,
-            self.status,
-            self.pager,
-        )
-
-
-def _write_synced(transcript: Transcript, data: bytes) -> FileStamp:
-    """Append ``data`` and fsync; return the file's stamp (an fsync changes none of it)."""
-    transcript.write(data)
-    stamp = transcript.stamp()
-    transcript.sync()
-    return stamp
-
-
-def _timed(write: Callable[..., T], *args: Any) -> tuple[T, float]:
-    """``write(*args)``, and the seconds it took."""
-    t0 = time.perf_counter()
-    done = write(*args)
-    return done, time.perf_counter() - t0
 
 
 class FsyncPolicy:
@@ -223,8 +68,8 @@ class FsyncPolicy:
         self.average += (seconds - self.average) / 8
 
 
-class Store:
-    """Sessions' files and index rows, and the primitives every method is built from."""
+class Registry:
+    """Every session the host holds, and the services they share."""
 
     def __init__(
         self,
@@ -242,7 +87,9 @@ class Store:
         self.checkpoints = Checkpoints(layout, self.fs)
         self.intents = Intents(layout, self.fs, self.archive)
         self.turnlog = TurnLog(layout, self.fs)
-        self._open: dict[str, OpenSession] = {}  # least recently used first
+        self.sessions: dict[str, Session] = {}
+        """Every session there is (a transcript the index knows), by id."""
+        self._open: dict[str, Session] = {}  # those with an open transcript, least recent first
         self.open_transcripts = open_transcripts
         """How many transcripts are open at most: to open another, the least recently
         used idle one is closed, or the call waits for one to be idle (each holds a
@@ -257,24 +104,206 @@ class Store:
         """Add ``n`` to a ``host.stats`` counter."""
         self.counters[name] = self.counters.get(name, 0) + n
 
+    def cache_of(self, session_id: str) -> RowCache:
+        """The rows' cache of a session (a new one for a session not registered yet)."""
+        s = self.sessions.get(session_id)
+        return s.cache if s is not None else RowCache(session_id)
+
+    # -- start ----------------------------------------------------------------------
+
+    async def register_all(self) -> None:
+        """Hold a :class:`Session` for every session the index knows (start, after
+        recovery), with what its checkpoint file says."""
+        for row in await self.index.sessions():
+            self.sessions[row.session_id] = Session(row.session_id, self)
+        for sid in self.layout.sidecar_ids(".inflight.json"):
+            if (s := self.sessions.get(sid)) is not None:
+                s.has_checkpoint = True
+
+    def finish_recorded(self) -> list[str]:
+        """Make the changes a dead host recorded (start, before reconciliation); return
+        their sessions, which are rescanned whole (blocking)."""
+        done = []
+        for sid in self.intents.pending():
+            if self.intents.read(sid) is not None:
+                self.intents.finish_left(sid)
+                self.count("recovery.intents_finished")
+                done.append(sid)
+        return done
+
+    async def settle_turns(self) -> None:
+        """End running turns ``aborted``; leave every checkpoint to the connect sequence.
+
+        Departure from PROTOCOL.md's "Host start" (see docs/protocol.md): promoting a
+        running turn's leftover here would pre-empt a finished row still in the outbox,
+        which would then be deduplicated away. Like ADR 0153's amendment for completed
+        turns, the finished row must get its chance first: leftovers are settled by
+        ``recoverInflightMessages`` after the drain (or by the next ``beginTurn`` or
+        ``truncateFrom`` of that session, which come after it too).
+        """
+        index = self.index
+        for sid, tid, prompt_id in await index.running_turns():
+            if prompt_id is not None and await index.lookup(sid, prompt_id) is None:
+                # Logged, but its prompt never reached the transcript: the host died
+                # inside beginTurn, which then never happened.
+                await self.record_turn(sid, tid, "void")
+                log.warning("session %s: turn %s died inside beginTurn: forgotten", sid, tid)
+                continue
+            await self.record_turn(sid, tid, "aborted")
+            log.warning("session %s: turn %s was running at start: now aborted", sid, tid)
+            self.count("recovery.turns_aborted")
+        if n := len(self.with_checkpoints()):
+            log.info("%d checkpoint(s) wait for session.recoverInflightMessages", n)
+
+    def sweep_archives(self) -> None:
+        """Drop archives of deleted sessions and payloads no manifest names (blocking)."""
+        root = self.layout.revisions_root
+        on_disk = set(self.layout.transcript_ids())
+        for sid in os.listdir(root):
+            if os.path.islink(path := os.path.join(root, sid)):
+                log.warning("%s is a symlink, not a session's archive: left alone", path)
+            elif sid not in on_disk:
+                shutil.rmtree(path, ignore_errors=True)
+            elif n := self.archive.sweep(sid):
+                log.info("session %s: %d unreferenced revision payload(s) removed", sid, n)
+
+    def remove_leftovers(self) -> None:
+        """Remove the files of sessions whose transcript is gone (start-up, before serving).
+
+        Not fsynced: what a power cut brings back is removed again at the next start.
+        """
+        for sid, path in self.layout.leftovers():
+            self.fs.unlink(path)
+            log.warning("session %s: %s removed: its transcript is gone", sid, path)
+
     # -- sessions -------------------------------------------------------------------
 
-    async def open_session(self, session_id: str) -> OpenSession:
-        """Return the open session (call under its lock), or raise ``NotFound``."""
+    async def case_twin(self, sid: str) -> str | None:
+        """A session whose id differs from ``sid`` only in case (one listing of the folder)."""
+        return await on_thread(self.layout.case_twin, sid)
+
+    async def drop_checkpoint(self, sid: str) -> None:
+        """Remove the checkpoint of a session whose transcript is gone."""
+        await on_thread(self.checkpoints.remove, sid)
+        if (s := self.sessions.get(sid)) is not None:
+            s.has_checkpoint, s.checkpoint_of = False, None
+
+    def with_checkpoints(self) -> list[str]:
+        """The sessions whose checkpoint file may be there, in order."""
+        return sorted(sid for sid, s in self.sessions.items() if s.has_checkpoint)
+
+    async def list(self) -> list[SessionRow]:
+        """Every session, most recently written first."""
+        return [r for r in await self.index.sessions() if r.session_id in self.sessions]
+
+    async def create(self, sid: str, title: str | None) -> bool:
+        """Create a session durably; ``False`` when there is one (a retry, or a transcript
+        copied in while the host runs: the file is the truth, indexed as start would)."""
+        if sid in self.sessions:
+            return False
+        layout, fs = self.layout, self.fs
+        if await self.index.session(sid) is not None:  # its delete's rows left behind
+            await self.index.delete_session(RowCache(sid))
+        if os.path.exists(layout.transcript(sid)):
+            await reconcile(self, sid, full=True)
+            self.sessions[sid] = Session(sid, self)
+            return False
+        now = now_iso()
+        meta = json.dumps({"title": title, "createdAt": now}).encode()
+
+        def make_files() -> FileStamp:
+            try:
+                fs.unlink(layout.intent(sid))  # a deleted session's (its removal failed)
+                fs.write_atomic(layout.meta(sid), meta)
+                self.turnlog.create(sid)  # its name made durable with the transcript's
+                t = Transcript.create(fs, layout.transcript(sid))  # the commit
+            except BaseException:
+                self.remove_files(sid)  # before the commit: nothing was made
+                raise
+            try:
+                return t.stamp()
+            finally:
+                t.close()
+
+        st = await on_thread(make_files)
+        s = self.sessions[sid] = Session(sid, self)
+        try:
+            await self.index.create_session(
+                SessionRow(sid, title, now, now, 0, 0, st.ino, st.mtime_ns)
+            )
+        except Exception as exc:  # made: indexed from its files before it is served
+            log.error("session %s: created, its index row not: %s", sid, exc)
+            s.lags()
+        return True
+
+    async def delete(self, sid: str) -> None:
+        """Delete a session: its transcript renamed aside durably (the commit), then its
+        :class:`Session` dropped whole, its rows and files removed."""
+        s = self.sessions.get(sid)
+        if s is None:
+            raise NotFound("session", sid)
+        self.forget(s)
+        await self.index.mark_dirty(sid)  # a same-id session may follow its rows
+        await on_thread(self._bury, sid)
+        del self.sessions[sid]
+        try:
+            await self.index.delete_session(s.cache)
+        except Exception as exc:  # deleted all the same: its rows go at the next start
+            log.warning("session %s: deleted; its index rows go at the next start: %s", sid, exc)
+        try:
+            await on_thread(self.remove_files, sid)
+        except OSError as exc:  # deleted all the same: the rest goes at the next start
+            log.warning("session %s: deleted; its files go at the next start: %s", sid, exc)
+
+    def _bury(self, session_id: str) -> None:
+        """Rename the session's transcript aside, durably: the commit of its delete.
+
+        A session is its transcript. When the folder's fsync fails (before the commit is
+        durable), the name is put back.
+        """
+        transcript, buried = self.layout.transcript(session_id), self.layout.buried(session_id)
+        self.fs.rename(transcript, buried)
+        try:
+            self.fs.fsync_dir(self.layout.sessions)
+        except BaseException:
+            self.fs.rename(buried, transcript)
+            raise
+
+    def remove_files(self, session_id: str) -> None:
+        """Remove every file of a session, transcript first; not fsynced.
+
+        After a delete's commit this is tidying: what a crash or a power cut leaves of a
+        buried session goes at the next start (:meth:`remove_leftovers`), never to be read
+        as a new session's of the same id.
+        """
+        for path in [*self.layout.session_files(session_id), self.layout.quarantine(session_id)]:
+            self.fs.unlink(path)
+        try:  # rmtree follows no link inside, but would go through a linked folder above
+            folder = self.layout.checked(self.layout.revisions(session_id))
+        except UnsafeFolder as exc:
+            log.warning("session %s: its archive is left alone: %s", session_id, exc)
+            return
+        shutil.rmtree(folder, ignore_errors=True)
+
+    async def open(self, session_id: str) -> Session:
+        """Return the session, opened (call while holding it), or raise ``NotFound``."""
+        s = self.sessions.get(session_id)
+        if s is None:
+            raise NotFound("session", session_id)
         lags = False  # its index lags its file: reconciled whatever the stamps say
         if self.index.stale:
             await self.index.settle()  # every queued row of this session is through
-            if session_id in self.index.stale:
-                self.index.reconciling(session_id)
-                self.forget(session_id)  # its index lacks answered lines: reconcile
+            if s.cache.stale:
+                self.index.reconciling(s.cache)
+                self.forget(s)  # its index lacks answered lines: reconcile
                 lags = True
-        if session_id in self.intents.unfinished:
-            self.forget(session_id)
+        if s.unfinished:
+            self.forget(s)
             await on_thread(self.intents.finish_left, session_id)
+            s.unfinished = False
             lags = True
-        s = self._open.pop(session_id, None)
-        if s is not None:
-            self._open[session_id] = s  # the most recently used now
+        if s.transcript is not None:
+            self._open[session_id] = self._open.pop(session_id)  # the most recently used now
             return s
         row = await self.index.session(session_id)
         if row is None:
@@ -292,34 +321,28 @@ class Store:
             # the truth, so index it again, and reopen it (a quarantine replaces it).
             transcript.close()
             await reconcile(self, session_id, full=lags)
+            if lags:
+                await reconcile_turns(self, session_id, row)
             row = await self.index.session(session_id)
             assert row is not None
             await self._make_room()
             transcript = Transcript(self.fs, self.layout.transcript(session_id))
-        s = OpenSession(session_id, transcript, row.line_count, row.byte_size, self)
+        s.transcript, s.line_count, s.size = transcript, row.line_count, row.byte_size
         self._open[session_id] = s
         return s
-
-    def index_lags(self, session_id: str) -> None:
-        """A change is made in the file but the index could not follow (a full disk): the
-        session is rebuilt from its file before it is served again, as after a failed batch.
-        """
-        self.index.stale.add(session_id)
-        self.forget(session_id)
 
     async def _make_room(self) -> None:
         """Return once a transcript may be opened within :attr:`open_transcripts`.
 
         The least recently used idle session's is closed for it: only a session no call
-        holds, since a call keeps its ``OpenSession`` (and a rewrite its old descriptor)
-        from its first read to its last write; a call only queued for it opens it again
-        when its turn comes. When every open one is held, wait (in turn) until one is let
-        go: a call holding a session never waits for anything but the disk and the index,
-        so one soon is. Bounded, and said so: past :data:`ROOM_WAIT` the transcript is
-        opened anyway.
+        holds, since a call keeps its session open from its first read to its last
+        write; a call only queued for it opens it again when its turn comes. When every
+        open one is held, wait (in turn) until one is let go: a call holding a session
+        never waits for anything but the disk and the index, so one soon is. Bounded, and
+        said so: past :data:`ROOM_WAIT` the transcript is opened anyway.
         """
         while len(self._open) + self._opening >= self.open_transcripts:
-            victim = next((sid for sid in self._open if not self.locks.held(sid)), None)
+            victim = next((s for sid, s in self._open.items() if not self.locks.held(sid)), None)
             if victim is not None:  # least recently used first: most often the very first
                 self.forget(victim)
                 self.count("transcripts.closed")
@@ -351,136 +374,24 @@ class Store:
                 turn.set_result(None)
                 return
 
-    def is_open(self, s: OpenSession) -> bool:
-        """Whether ``s`` is still the served state (a failed undo forgets it)."""
-        return self._open.get(s.session_id) is s
-
     @property
     def open_count(self) -> int:
         """How many transcripts are open."""
         return len(self._open)
 
-    def forget(self, session_id: str) -> None:
+    def forget(self, s: Session) -> None:
         """Close a session's file; it is reopened (and reconciled if need be) on next use."""
-        s = self._open.pop(session_id, None)
-        if s is not None:
+        if self._open.pop(s.id, None) is not None and s.transcript is not None:
             s.transcript.close()
+            s.transcript = None
             self._next_room()
 
     def close(self) -> None:
         """Close every open transcript."""
-        for sid in list(self._open):
-            self.forget(sid)
-
-    # -- reads ----------------------------------------------------------------------
-
-    async def read_rows(self, s: OpenSession, rows: Sequence[Row]) -> list[bytes]:
-        """Read the stored lines of ``rows`` (contiguous, in order) with one read."""
-        data, spans = await self._read_range(s, rows)
-        return [data[a:b] for a, b in spans]
-
-    async def read_raw(self, s: OpenSession, rows: Sequence[Row]) -> list[Raw]:
-        """:meth:`read_rows` as views of the one read, not copies (a page to answer)."""
-        data, spans = await self._read_range(s, rows)
-        view = memoryview(data)
-        return [Raw(view[a:b]) for a, b in spans]
-
-    async def _read_range(
-        self, s: OpenSession, rows: Sequence[Row]
-    ) -> tuple[bytes, list[tuple[int, int]]]:
-        """Read ``rows`` (contiguous, in order) with one read, each checked still a line;
-        return the bytes and where each line is in them."""
-        if not rows:
-            return b"", []
-        start = rows[0].offset
-        data = await self._read(s, start, rows[-1].offset + rows[-1].length + 1 - start)
-        ascii = data.isascii()  # then no line needs a UTF-8 decode (a copy) to check it
-        spans = []
-        with memoryview(data) as view:
-            for r in rows:
-                a = r.offset - start
-                b = a + r.length
-                if data[b : b + 1] != b"\n" or not valid_line(view[a:b], utf8=ascii):
-                    await self._damaged(s, r.line)
-                spans.append((a, b))
-        return data, spans
-
-    @staticmethod
-    async def _read(s: OpenSession, offset: int, size: int) -> bytes:
-        """Read ``size`` bytes of the transcript: off the loop past :data:`BIG_WRITE`."""
-        if size > BIG_WRITE:
-            return await on_thread(s.transcript.read, offset, size)
-        return s.transcript.read(offset, size)
-
-    async def _damaged(self, s: OpenSession, line: int) -> None:
-        """A line changed on disk behind the host's back: rescan, quarantine, refuse."""
-        log.error("session %s: line %d is damaged on disk: rescanning", s.session_id, line)
-        self.forget(s.session_id)
-        await reconcile(self, s.session_id, full=True)
-        raise StorageError(
-            f"line {line} of session {s.session_id!r} was damaged on disk; damaged lines"
-            " were moved to its quarantine file: read again",
-            sessionId=s.session_id,
-        )
-
-    def read_checkpoint(self, session_id: str) -> Checkpoint | None:
-        """A session's checkpoint; a corrupt one is quarantined and removed (blocking)."""
-        try:
-            return self.checkpoints.read(session_id)
-        except ValueError as exc:
-            raw = self.checkpoints.read_raw(session_id)
-            quarantine(self, session_id, [(-1, 0, raw, f"checkpoint file: {exc}")])
-            self.checkpoints.remove(session_id)
-            return None
-
-    async def read_capped(
-        self, s: OpenSession, row: Row, cap: int, host_fields: dict[str, bytes]
-    ) -> bytes:
-        """Read one stored line as its display-capped copy (:func:`display_capped`).
-
-        The copy costs what it returns, not the line: the line is read (off the loop when
-        big) but not scanned whole; what the copy holds is checked, and a line that proves
-        not to be a message is damaged, as :meth:`read_rows` finds it.
-        """
-        data = await self._read(s, row.offset, row.length + 1)
-        try:
-            if data[-1:] != b"\n":
-                raise ValueError("the line does not end where the index says")
-            return display_capped(data, cap, host_fields)  # its newline is JSON space
-        except ValueError:
-            await self._damaged(s, row.line)
-            raise  # pragma: no cover - _damaged always raises
+        for s in list(self._open.values()):
+            self.forget(s)
 
     # -- writes ---------------------------------------------------------------------
-
-    async def append(
-        self, s: OpenSession, lines: Sequence[NewLine], *, defer_index: bool = False
-    ) -> list[int]:
-        """Append lines durably, then index them; return their line numbers.
-
-        ``defer_index``: queue the rows for a batch commit after the answer instead (the
-        transcript already holds the lines durably; a failed batch is reconciled).
-        """
-        if not lines:
-            return []
-        offset = s.size
-        data = b"".join(nl.data + b"\n" for nl in lines)
-        rows, pos = self._rows(s, lines)
-        count = s.line_count + len(lines)
-        try:
-            stamp = await self.durably(len(data), _write_synced, s.transcript, data)
-            self.count("fsyncs")
-            if not defer_index:
-                await self.index.append(s.session_id, rows, stamp, count, now_iso())
-        except BaseException:
-            await on_thread(self._cut_back, s, offset)
-            raise
-        if defer_index:
-            self.index.queue_append(s.session_id, rows, stamp, count)
-        s.size = pos
-        s.line_count = count
-        self.count("appends", len(rows))
-        return [r.line for r in rows]
 
     async def durably(self, size: int, write: Callable[..., T], *args: Any) -> T:
         """Run a durable write of ``size`` bytes: on the loop up to :data:`BIG_WRITE` while
@@ -493,198 +404,34 @@ class Store:
         so is one fast again.
         """
         if self.fsyncs.inline and size <= BIG_WRITE:
-            done, took = _timed(write, *args)
+            done, took = timed(write, *args)
         else:  # timed on the thread: a busy loop's delay in taking it back is not the disk's
-            done, took = await on_thread(_timed, write, *args)
+            done, took = await on_thread(timed, write, *args)
         self.fsyncs.note(max(0.0, took - size / RATE))
         return done
 
     async def record_turn(
         self, session_id: str, turn_id: str, status: TurnStatus, prompt_id: str | None = None
     ) -> None:
-        """Log a turn change durably (the answer's fsync), then apply it to the index.
-
-        When the index refuses it, the log's line is taken back: a failed call changes
-        nothing (and if even that fails, the next start replays the line: it is durable).
-        """
-        rec = TurnRecord(turn_id, status, now_iso(), prompt_id)
-        before, after = await self.durably(0, self.turnlog.append, session_id, rec)
+        """Log a turn change durably (the answer's fsync: its commit), then apply it to the
+        index. An index that refuses it lags: the session's turns are replayed from its log
+        before it is served again (the log is the truth, the table derived)."""
+        rec = turn_record(turn_id, status, prompt_id)
+        _, after = await self.durably(0, self.turnlog.append, session_id, rec)
         try:
             await self.index.record_turns(session_id, [rec], after)
-        except BaseException:
-            await on_thread(self._take_back_turn, session_id, before)
-            raise
-
-    def _take_back_turn(self, session_id: str, size: int) -> None:
-        try:
-            self.turnlog.cut(session_id, size)
-        except OSError as exc:
-            log.error("session %s: a failed turn change stays in its log: %s", session_id, exc)
-
-    @staticmethod
-    def _rows(s: OpenSession, lines: Sequence[NewLine]) -> tuple[list[Row], int]:
-        """The index rows of ``lines`` appended to ``s``, and the file's size after them."""
-        rows = []
-        pos = s.size
-        for i, nl in enumerate(lines):
-            rows.append(nl.row(s.line_count + i, pos))
-            pos += len(nl.data) + 1
-        return rows, pos
-
-    def _cut_back(self, s: OpenSession, size: int) -> None:
-        try:
-            s.transcript.cut(size)
-        except OSError as exc:
-            log.error("session %s: could not cut a failed append back: %s", s.session_id, exc)
-        self.forget(s.session_id)
-
-    async def rewrite(
-        self,
-        s: OpenSession,
-        pieces: Sequence[Piece],
-        rows: Sequence[Row],
-        *,
-        keep_from: int = 0,
-    ) -> None:
-        """Replace the file by ``pieces`` and the rows from line ``keep_from`` by ``rows``."""
-        await self.replace_file(s, pieces)
-        await self.follow(s, rows, keep_from=keep_from)
-
-    async def rewrite_line(self, s: OpenSession, row: Row, new: Row, data: bytes) -> None:
-        """Rewrite exactly one line; every other line is copied byte for byte."""
-        end = row.offset + row.length + 1
-        await self.replace_file(s, [(0, row.offset), data + b"\n", (end, s.size - end)])
-        await self.follow_line(s, row, new, data)
-
-    def replace_file(self, s: OpenSession, pieces: Sequence[Piece]) -> Coroutine[Any, Any, None]:
-        """Replace the transcript by ``pieces``: a change of one file (one rename)."""
-
-        def prepare(change: Change) -> None:
-            change.transcript = s.transcript.prepare(pieces)
-
-        return self.change(s, Change(s.session_id), prepare)
-
-    async def change(
-        self, s: OpenSession, change: Change, prepare: Callable[[Change], None]
-    ) -> None:
-        """Make ``change`` (:mod:`host._intents`): the session marked dirty first (the index
-        is rebuilt from the file after a crash), then ``prepare`` (blocking) writes its new
-        files into ``change``, which is recorded, applied and finished in the same hop.
-
-        An error before the record changes nothing. Past it the change is made: when the
-        disk fails its apply, it is made before the session is served again.
-        """
-        await self.index.mark_dirty(s.session_id)
-
-        def make() -> bool:
-            self.layout.transcript(s.session_id)  # its temp files go into no linked folder
-            try:
-                prepare(change)
-            except BaseException:
-                self.intents.discard(change)
-                raise
-            done = self.intents.commit(change)
-            if done and (change.transcript is not None or change.cut is not None):
-                s.transcript.reopen()
-            return done
-
-        try:
-            done = await on_thread(make)
-        except BaseException:  # the file may have changed: rebuilt from it before it is served
-            self.index_lags(s.session_id)
-            raise
-        self.count("rewrites")
-        if not done:
-            self.forget(s.session_id)
-
-    async def follow(self, s: OpenSession, rows: Sequence[Row], *, keep_from: int) -> None:
-        """Make the index follow a change its file already holds: ``rows`` from line
-        ``keep_from`` on, the rest of the rows gone.
-
-        The change is made, so the call succeeds whatever the index does: one that cannot
-        follow (a full disk fails its commit) lags, and the session is rebuilt from its file
-        before it is served again, as after a failed batch of appends.
-        """
-        count = keep_from + len(rows)
-        await self._follow(
-            s,
-            lambda st: self.index.replace_rows(
-                s.session_id, rows, st, count, now_iso(), keep_from=keep_from
-            ),
-            count,
-        )
-
-    async def follow_line(self, s: OpenSession, row: Row, new: Row, data: bytes) -> None:
-        """:meth:`follow` a change of one line, ``row`` now ``new`` (``data``)."""
-        delta = len(data) - row.length
-        await self._follow(
-            s,
-            lambda st: self.index.update_line(
-                s.session_id, new, delta, st, s.line_count, now_iso()
-            ),
-            s.line_count,
-        )
-
-    async def _follow(
-        self,
-        s: OpenSession,
-        index: Callable[[FileStamp], Coroutine[Any, Any, None]],
-        count: int,
-    ) -> None:
-        if not self.is_open(s):  # its change is not applied yet: rebuilt once it is
-            self.index_lags(s.session_id)
-            return
-        stamp = s.transcript.stamp()
-        try:
-            await index(stamp)
         except Exception as exc:
-            log.error("session %s: the index did not follow a change (%s)", s.session_id, exc)
-            self.index_lags(s.session_id)
-            return
-        s.size, s.line_count = stamp.size, count
+            log.error("session %s: the index did not follow a turn change: %s", session_id, exc)
+            if (s := self.sessions.get(session_id)) is not None:
+                s.lags()
 
-    def bury(self, session_id: str) -> None:
-        """Rename the session's transcript aside, durably: the commit of its delete.
-
-        A session is its transcript. When the folder's fsync fails, the name is put back.
-        """
-        transcript, buried = self.layout.transcript(session_id), self.layout.buried(session_id)
-        self.fs.rename(transcript, buried)
-        try:
-            self.fs.fsync_dir(self.layout.sessions)
-        except BaseException:
-            self.unbury(session_id)
-            raise
-
-    def unbury(self, session_id: str) -> None:
-        """Undo :meth:`bury` (its index rows could not be deleted)."""
-        self.fs.rename(self.layout.buried(session_id), self.layout.transcript(session_id))
-        self.fs.fsync_dir(self.layout.sessions)
-
-    def remove_files(self, session_id: str) -> None:
-        """Remove every file of a session, transcript first; not fsynced.
-
-        After :meth:`bury` this is tidying: what a crash or a power cut leaves of a buried
-        session goes at the next start (:meth:`remove_leftovers`), never to be read as a
-        new session's of the same id. After a failed create, a power cut may bring the
-        new session back: a failed call may leave the new state.
-        """
-        self.checkpoints.forget(session_id)  # first: an unlink may fail
-        for path in [*self.layout.session_files(session_id), self.layout.quarantine(session_id)]:
-            self.fs.unlink(path)
-        try:  # rmtree follows no link inside, but would go through a linked folder above
-            folder = self.layout.checked(self.layout.revisions(session_id))
-        except UnsafeFolder as exc:
-            log.warning("session %s: its archive is left alone: %s", session_id, exc)
-            return
-        shutil.rmtree(folder, ignore_errors=True)
-
-    def remove_leftovers(self) -> None:
-        """Remove the files of sessions whose transcript is gone (start-up, before serving).
-
-        Not fsynced: what a power cut brings back is removed again at the next start.
-        """
-        for sid, path in self.layout.leftovers():
-            self.checkpoints.forget(sid)
-            self.fs.unlink(path)
-            log.warning("session %s: %s removed: its transcript is gone", sid, path)
+    def counters_now(self) -> dict[str, int]:
+        """The registry's counters for ``host.stats``."""
+        return {
+            **self.counters,
+            "sessions.open": len(self._open),
+            "locks.held": len(self.locks),
+            "index.batches": self.index.batches,
+            "fsyncs.onLoop": int(self.fsyncs.inline),
+            "rewrites.copyFallbacks": self.fs.copy_fallbacks,
+        }

@@ -17,11 +17,11 @@ from msgspec import UNSET, Raw
 from host._call import CallState
 from host._checkpoints import Checkpoint
 from host._errors import AgentBusy, InvalidParams, NotFound
-from host._fs import on_thread
 from host._messages import Head, Status, incoming_head, parse_incoming, parse_stored
 from host._recovery import quarantine
+from host._session import Session
 from host._sessions import SessionMethods
-from host._store import OpenSession, Store
+from host._store import Registry
 from host._wire import (
     BeginTurnParams,
     BeginTurnResult,
@@ -40,10 +40,9 @@ log = logging.getLogger("host.turns")
 class TurnMethods:
     """Handlers of the turn and checkpoint methods."""
 
-    def __init__(self, store: Store, sessions: SessionMethods) -> None:
-        self.store = store
+    def __init__(self, registry: Registry, sessions: SessionMethods) -> None:
+        self.registry = registry
         self.sessions = sessions
-        self.checkpoints = store.checkpoints
 
     # -- turns ----------------------------------------------------------------------
 
@@ -52,7 +51,7 @@ class TurnMethods:
         if prompt is not None and prompt.head.role != "user":
             raise InvalidParams(f"prompt must be a user message, not role {prompt.head.role!r}")
         sid, tid = p.session_id, p.turn_id
-        s = await self.store.open_session(sid)
+        s = await self.registry.open(sid)
         if s.turn(tid) is not None:  # the same turn again: a no-op ...
             row = await s.lookup(prompt.id) if prompt else None
             if prompt is not None and row is None and not await s.has_prompt(tid):
@@ -83,7 +82,7 @@ class TurnMethods:
 
     async def end_turn(self, p: EndTurnParams) -> EndTurnResult:
         sid, tid = p.session_id, p.turn_id
-        s = await self.store.open_session(sid)
+        s = await self.registry.open(sid)
         status = s.turn(tid)
         if status is None:
             raise NotFound("turn", tid)
@@ -99,7 +98,7 @@ class TurnMethods:
         await s.record_turn(tid, p.status)
         return EndTurnResult(status=p.status, recovered=recovered)
 
-    async def settle_for_cut(self, s: OpenSession) -> None:
+    async def settle_for_cut(self, s: Session) -> None:
         """Before a cut (ADR 0216): end a running turn ``aborted`` and settle any checkpoint.
 
         A running turn's checkpoint is promoted ``aborted``; a leftover of an ended turn
@@ -110,12 +109,12 @@ class TurnMethods:
         tid = await s.running_turn()
         cp = s.checkpoint()
         if cp is not None and cp.turn_id != tid:  # a leftover of an ended turn
-            await self._settle_leftover(s.session_id, wait_completed=False)
+            await self._settle_leftover(s.id, wait_completed=False)
         elif cp is not None:
             await self.promote(s, cp, "aborted")
         if tid is not None:
             await s.record_turn(tid, "aborted")
-            log.info("session %s: running turn %s ended aborted by a truncation", s.session_id, tid)
+            log.info("session %s: running turn %s ended aborted by a truncation", s.id, tid)
 
     # -- checkpoints ----------------------------------------------------------------
 
@@ -127,7 +126,7 @@ class TurnMethods:
         is up to 1 MiB, as an append's (:meth:`Store.durably`).
         """
         head = incoming_head(p.message)
-        s = await self.store.open_session(p.session_id)
+        s = await self.registry.open(p.session_id)
         try:
             old = s.checkpoint_ids()
         except ValueError:
@@ -138,20 +137,20 @@ class TurnMethods:
         if old is not None and old[0] != p.turn_id:
             if s.turn(old[0]) == "running":
                 return await self._beside_running(s, p)
-            await self._settle_leftover(s.session_id, wait_completed=False)  # never overwrite
+            await self._settle_leftover(s.id, wait_completed=False)  # never overwrite
         await s.save_checkpoint(p.turn_id, head.id, p.message)
-        self.store.count("checkpoints.saved")
+        self.registry.count("checkpoints.saved")
         return SavedResult(saved=True)
 
-    def _late(self, s: OpenSession, head: Head) -> bool:
+    def _late(self, s: Session, head: Head) -> bool:
         """Whether the snapshot's message is stored already: a late write never resurrects
         a final row (no thread hop per snapshot)."""
         if s.lookup_now([head.id]):
-            self.store.count("checkpoints.dropped_late")
+            self.registry.count("checkpoints.dropped_late")
             return True
         return False
 
-    async def _beside_running(self, s: OpenSession, p: SaveInflightParams) -> SavedResult:
+    async def _beside_running(self, s: Session, p: SaveInflightParams) -> SavedResult:
         """Another turn's snapshot while the file holds the running turn's checkpoint.
 
         Settling that checkpoint as a leftover would end the running turn and store its
@@ -163,16 +162,16 @@ class TurnMethods:
         turn = s.turn(p.turn_id)
         msg = parse_incoming(p.message)
         if turn is None or not msg.has_content():  # nor ever an empty assistant row
-            self.store.count("checkpoints.dropped")
+            self.registry.count("checkpoints.dropped")
             return SavedResult(saved=False)
         status: Status = "complete" if turn == "completed" else "aborted"
         await self.sessions.append_locked(s, msg.with_status(status), p.turn_id)
-        self.store.count("checkpoints.promoted")
+        self.registry.count("checkpoints.promoted")
         return SavedResult(saved=True)
 
-    async def promote(self, s: OpenSession, cp: Checkpoint, status: Status) -> RecoveredRow | None:
+    async def promote(self, s: Session, cp: Checkpoint, status: Status) -> RecoveredRow | None:
         """Append the checkpoint as a row with ``status``; ``None`` when it was dropped."""
-        sid = s.session_id
+        sid = s.id
         msg = parse_stored(bytes(cp.message))
         why = None
         if msg is None:
@@ -182,15 +181,15 @@ class TurnMethods:
         elif not msg.has_content():
             why = "it is empty (an empty reply breaks every later model call)"
         if msg is None:
-            quarantine(self.store, sid, [(-1, 0, bytes(cp.message), "checkpoint: " + str(why))])
+            quarantine(self.registry, sid, [(-1, 0, bytes(cp.message), "checkpoint: " + str(why))])
         if msg is None or why is not None:
             log.warning("session %s: checkpoint of %s dropped: %s", sid, cp.message_id, why)
-            self.store.count("checkpoints.dropped")
+            self.registry.count("checkpoints.dropped")
             await s.remove_checkpoint()
             return None
         await self.sessions.append_locked(s, msg.with_status(status), cp.turn_id)
         log.info("session %s: checkpoint of %s promoted as %s", sid, msg.id, status)
-        self.store.count("checkpoints.promoted")
+        self.registry.count("checkpoints.promoted")
         return RecoveredRow(session_id=sid, message_id=msg.id, turn_id=cp.turn_id, status=status)
 
     async def recover_inflight(
@@ -199,8 +198,8 @@ class TurnMethods:
         """Settle every session's leftover checkpoint, each under its session's lock;
         ``call`` counts as started from the first (docs/protocol.md, Cancellation)."""
         out: list[RecoveredRow] = []
-        for sid in sorted(self.checkpoints.present):
-            async with self.store.locks.hold(sid, call):
+        for sid in self.registry.with_checkpoints():
+            async with self.registry.locks.hold(sid, call):
                 row = await self._settle_leftover(sid, wait_completed=False)
                 if row is not None:
                     out.append(row)
@@ -208,10 +207,10 @@ class TurnMethods:
 
     async def _settle_leftover(self, sid: str, *, wait_completed: bool) -> RecoveredRow | None:
         try:
-            s = await self.store.open_session(sid)
+            s = await self.registry.open(sid)
         except NotFound:
             log.warning("checkpoint of absent session %s removed", sid)
-            await on_thread(self.checkpoints.remove, sid)
+            await self.registry.drop_checkpoint(sid)
             return None
         cp = s.checkpoint()
         if cp is None:
@@ -225,30 +224,3 @@ class TurnMethods:
         if turn == "running":
             await s.record_turn(cp.turn_id, "aborted")
         return row
-
-    async def recover_at_start(self) -> None:
-        """End running turns ``aborted``; leave every checkpoint to the connect sequence.
-
-        Departure from PROTOCOL.md's "Host start" (see docs/protocol.md): promoting a
-        running turn's leftover here would pre-empt a finished row still in the outbox,
-        which would then be deduplicated away. Like ADR 0153's amendment for completed
-        turns, the finished row must get its chance first: leftovers are settled by
-        ``recoverInflightMessages`` after the drain (or by the next ``beginTurn`` or
-        ``truncateFrom`` of that session, which come after it too).
-        """
-        index = self.store.index
-        for sid, tid, prompt_id in await index.running_turns():
-            if prompt_id is not None and await index.lookup(sid, prompt_id) is None:
-                # Logged, but its prompt never reached the transcript: the host died
-                # inside beginTurn, which then never happened.
-                await self.store.record_turn(sid, tid, "void")
-                log.warning("session %s: turn %s died inside beginTurn: forgotten", sid, tid)
-                continue
-            await self.store.record_turn(sid, tid, "aborted")
-            log.warning("session %s: turn %s was running at start: now aborted", sid, tid)
-            self.store.count("recovery.turns_aborted")
-        if self.checkpoints.present:
-            log.info(
-                "%d checkpoint(s) wait for session.recoverInflightMessages",
-                len(self.checkpoints.present),
-            )

@@ -24,7 +24,7 @@ from host._index import (
 from host._layout import Layout, UnsafeDataDir
 from host._recovery import recover, scan
 from host._server import DataDirBusy, DataDirLock, lock_data_dir
-from host._store import Store
+from host._store import Registry
 from host._transcript import FileStamp, Transcript
 
 log = logging.getLogger("host.verify")
@@ -64,7 +64,7 @@ async def verify(
                 return 1
             print(f"index was {problem}: moved to {set_aside_index(layout.index)}", file=out)
         async with Index.open(layout.index, busy_timeout=busy_timeout) as index:
-            store = Store(layout, index, FileSystem())
+            store = Registry(layout, index, FileSystem())
             if repair:
                 report = await recover(store, full=True)
                 print(
@@ -92,7 +92,7 @@ async def verify(
     return 0
 
 
-async def _check(store: Store, out: TextIO) -> int:
+async def _check(store: Registry, out: TextIO) -> int:
     layout, index = store.layout, store.index
     problems = 0
     lines = 0

@@ -66,7 +66,7 @@ async def opened(tmp_path: Path) -> AsyncIterator[tuple[Host, Connection, FakeWr
 async def _until_waiting(host: Host, session_id: str, users: int) -> None:
     """Spin the loop until ``users`` calls hold or wait for the lock (bounded)."""
     for _ in range(10_000):
-        if host.store.locks.users(session_id) >= users:
+        if host.registry.locks.users(session_id) >= users:
             return
         await asyncio.sleep(0)
     raise AssertionError("the call never queued on the session's lock")
@@ -81,7 +81,7 @@ async def test_cancel_of_a_call_waiting_on_the_lock_is_request_cancelled(
 ) -> None:
     host, conn, writer = opened
     message = {"id": "m1", "role": "user", "content": "x"}
-    async with host.store.locks.hold("s"):
+    async with host.registry.locks.hold("s"):
         conn.feed(line("session.appendMessage", {"sessionId": "s", "message": message}, 7))
         await _until_waiting(host, "s", 2)
         conn.feed(line("$/cancelRequest", {"id": 7}))
@@ -97,7 +97,7 @@ async def test_only_the_cancelled_call_is_skipped(
     opened: tuple[Host, Connection, FakeWriter], tmp_path: Path
 ) -> None:
     host, conn, writer = opened
-    async with host.store.locks.hold("s"):
+    async with host.registry.locks.hold("s"):
         for i in range(3):
             message = {"id": f"m{i}", "role": "user", "content": "x"}
             conn.feed(line("session.appendMessage", {"sessionId": "s", "message": message}, i))
@@ -117,7 +117,7 @@ async def test_calls_on_one_session_apply_in_arrival_order(
 ) -> None:
     host, conn, writer = opened
     message = {"id": "m", "role": "user", "content": "v1"}
-    async with host.store.locks.hold("s"):
+    async with host.registry.locks.hold("s"):
         conn.feed(line("session.appendMessage", {"sessionId": "s", "message": message}, 1))
         update = {**message, "content": "v2"}
         conn.feed(line("session.updateMessage", {"sessionId": "s", "message": update}, 2))
@@ -186,7 +186,7 @@ async def test_reading_pauses_at_the_bound_of_calls_in_flight_and_resumes_after(
     reader = _Reader()
     conn.reader = reader
     fed = held = 0
-    async with host.store.locks.hold("s"):
+    async with host.registry.locks.hold("s"):
         while not reader.paused and fed < 5_000:
             message = {"id": f"b{fed}", "role": "user", "content": "y" * size}
             data = line("session.appendMessage", {"sessionId": "s", "message": message}, fed)
@@ -250,7 +250,7 @@ async def test_a_batch_element_nested_too_deep_leaves_no_call_of_it_queued(
         conn.feed(b"[" + first + b"," + second + b"]")
         conn.feed(line("session.get", {"sessionId": "s", "limit": 1}, f"probe{n}"))
         await asyncio.wait_for(conn.finish(), 10)  # a queued call never run: forever
-        assert host.store.locks.users("s") == 0, n
+        assert host.registry.locks.users("s") == 0, n
         replies = writer.replies()
         assert f"probe{n}" in replies, n
         if n in replies:  # else the batch itself was too deep: one error, nothing queued
@@ -278,7 +278,7 @@ async def test_recover_inflight_is_started_once_it_holds_a_session(
     await conn.finish()
     assert writer.replies()[2]["result"] == {"saved": True}
     conn.feed(line("session.recoverInflightMessages", {}, "rec"))
-    assert host.store.locks.held("s")  # it holds s, waiting on the index
+    assert host.registry.locks.held("s")  # it holds s, waiting on the index
     conn.feed(line("$/cancelRequest", {"id": "rec"}))
     await conn.finish()
     assert writer.replies()["rec"]["result"]["recovered"] == [
@@ -325,17 +325,17 @@ async def test_a_batch_whose_call_dies_in_its_first_step_leaves_no_place_held(
     for sid in ("s", "t"):
         conn.feed(line("session.appendMessage", {"sessionId": sid, "message": _m("a")}, sid))
     await conn.finish()
-    host.store.fsyncs.SLOW = math.inf  # the appends run inline, in the read callback
+    host.registry.fsyncs.SLOW = math.inf  # the appends run inline, in the read callback
 
     def dies(*_: object) -> dict[str, int]:
         raise _Died
 
-    monkeypatch.setattr(host.store.index, "lookup_now", dies)
+    monkeypatch.setattr(host.registry.index, "lookup_now", dies)
     batch = b"[%s,%s]" % (
         line("session.appendMessage", {"sessionId": "s", "message": _m("b")}, 1),
         line("session.appendMessage", {"sessionId": "t", "message": _m("b")}, 2),
     )
     with pytest.raises(_Died):
         conn.feed(batch)
-    assert host.store.locks.users("s") == host.store.locks.users("t") == 0
+    assert host.registry.locks.users("s") == host.registry.locks.users("t") == 0
     assert conn._held == 0

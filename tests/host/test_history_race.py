@@ -9,7 +9,7 @@ from tests.host.inproc import msg, open_host, pause_history_at
 
 async def _queued_on_lock(client: object, session_id: str, users: int) -> None:
     """Wait until ``users`` calls hold or wait for the session's lock (bounded)."""
-    locks = client.host.store.locks  # type: ignore[attr-defined]
+    locks = client.host.registry.locks  # type: ignore[attr-defined]
     for _ in range(10_000):
         if locks.users(session_id) >= users:
             return

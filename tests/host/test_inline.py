@@ -30,7 +30,7 @@ def _connect(host: Host) -> tuple[Connection, FakeWriter]:
     flush can take over the policy's 2 ms, which would send the calls these tests watch
     to a thread (then they are queued, and answered all the same).
     """
-    host.store.fsyncs.SLOW = math.inf
+    host.registry.fsyncs.SLOW = math.inf
     writer = FakeWriter()
     return Connection(host, host.stats, writer), writer
 
@@ -83,7 +83,7 @@ async def test_the_appends_of_one_read_are_one_group_with_one_fsync(tmp_path: Pa
     async with Host.open(str(tmp_path / "data")) as host:
         conn, writer = _connect(host)
         await _session(conn, writer, first="m0")
-        fsyncs, inline = host.store.counters["fsyncs"], host.stats.inline
+        fsyncs, inline = host.registry.counters["fsyncs"], host.stats.inline
         for i in range(1, 6):  # one read of five lines: all queued before any runs
             conn.read(_append(f"m{i}", i))
         conn.feed(_append("m3", 6))  # a replay of one of them, in the same group
@@ -92,7 +92,7 @@ async def test_the_appends_of_one_read_are_one_group_with_one_fsync(tmp_path: Pa
             *({"line": i, "appended": True} for i in range(1, 6)),
             {"line": 3, "appended": False},
         ]
-        assert host.store.counters["fsyncs"] == fsyncs + 1
+        assert host.registry.counters["fsyncs"] == fsyncs + 1
         assert host.stats.inline == inline + 6
         await conn.finish()
     assert await _ids_after_restart(tmp_path) == [f"m{i}" for i in range(6)]

@@ -23,8 +23,8 @@ async def append(call: Client, mid: str, sid: str = "s") -> tuple[int, bool]:
 
 async def settled(call: Client) -> None:
     """Let the queued rows commit, so the next lookups are answered from memory."""
-    await call.host.store.index.settle()
-    assert call.host.store.index._known, "the ids were not read into memory"
+    await call.host.registry.index.settle()
+    assert call.host.registry.sessions["s"].cache.known, "the ids were not read into memory"
 
 
 async def test_a_deleted_and_recreated_session_stores_a_replayed_id_again(tmp_path: Path) -> None:
@@ -64,7 +64,7 @@ async def test_past_the_memory_bound_replays_are_still_deduplicated(
     monkeypatch.setattr(_index, "KNOWN_IDS", 30)
     monkeypatch.setattr(_index, "KNOWN_SESSION", 12)
     async with open_host(str(tmp_path / "d")) as call:
-        index = call.host.store.index
+        index = call.host.registry.index
         sessions = [f"s{i}" for i in range(6)]
         for sid in sessions:
             await call("session.create", sessionId=sid)
@@ -75,8 +75,8 @@ async def test_past_the_memory_bound_replays_are_still_deduplicated(
             for sid in sessions:
                 assert await append(call, f"{sid}-3", sid) == (3, False)
                 assert index._known_count <= 30
-                assert index._known_count == sum(map(len, index._known.values()))
-        assert "s0" not in index._known  # looked up in SQLite each time
+                assert index._known_count == sum(len(c.known or {}) for c in index._known)
+        assert call.host.registry.sessions["s0"].cache.known is None  # looked up each time
         for sid in sessions:
             page = await call("session.get", sessionId=sid)
             assert page["totalLines"] == (20 if sid == "s0" else 8)
@@ -90,6 +90,6 @@ async def test_rows_committed_after_the_ids_were_read_are_known(tmp_path: Path) 
         # appends answered before their batch commits, then replayed after it
         lines = await asyncio.gather(*(append(call, f"m{i}") for i in range(50)))
         assert all(appended for _, appended in lines)
-        await call.host.store.index.settle()
+        await call.host.registry.index.settle()
         for i in (0, 25, 49):
             assert await append(call, f"m{i}") == (lines[i][0], False)

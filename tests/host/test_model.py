@@ -593,7 +593,7 @@ class Machine(RuleBasedStateMachine):
         assert call is not None
         listed = (await call("session.list"))["sessions"]
         out = {}
-        index = call.host.store.index
+        index = call.host.registry.index
         for row in sorted(listed, key=lambda r: r["sessionId"]):
             sid = row["sessionId"]
             page = await call("session.get", sessionId=sid)
@@ -1012,7 +1012,7 @@ async def test_begin_turn_with_a_prompt_survives_a_crash(tmp_path: Path) -> None
                 completed = False
         async with open_host(data) as call:
             ids = [m["id"] for m in (await call("session.get", sessionId="s"))["messages"]]
-            turns = [(t, status) for t, status, _, _ in await call.host.store.index.turns("s")]
+            turns = [(t, status) for t, status, _, _ in await call.host.registry.index.turns("s")]
             # the state before the call or the state after it (its turn aborted by the
             # start), never between the two: a turn without the prompt it was begun with
             states = ([], []), (["u1"], [("t1", "aborted")])

@@ -91,12 +91,12 @@ async def test_calls_on_more_sessions_than_the_bound_wait_their_turn(tmp_path: P
             nonlocal most
             new = msg(f"m{i}", "user", content=f"v{i}")
             got = await call("session.updateMessage", sessionId=f"s{i}", message=new)
-            most = max(most, host.store.open_count)
+            most = max(most, host.registry.open_count)
             return got
 
         got = await asyncio.gather(*(update(i) for i in range(40)), update(0), update(1))
         assert got == [{"line": 0}] * 42
-        assert most <= 4 and host.store.open_count <= 4
+        assert most <= 4 and host.registry.open_count <= 4
         for i in range(40):
             page = await call("session.get", sessionId=f"s{i}")
             assert [(m["id"], m["content"]) for m in page["messages"]] == [(f"m{i}", f"v{i}")]

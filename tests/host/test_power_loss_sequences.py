@@ -244,7 +244,7 @@ async def test_the_model_loses_commits_several_calls_back(tmp_path: Path) -> Non
         fs.arm()
         for i in range(3):
             await call("session.appendMessage", sessionId="s", message=line(f"m{i}"))
-            await call.host.store.index.settle()  # each in its own commit
+            await call.host.registry.index.settle()  # each in its own commit
         img = str(tmp_path / "img")
         fs.image(img, index="synced")
     assert len(fs.index_commits) >= 3  # none of them synced: all lost in the image

@@ -41,7 +41,7 @@ async def test_a_checkpoint_stuck_on_a_slow_disk_holds_up_no_other_session(
         for sid in ("s", "o"):
             await call("session.create", sessionId=sid)
         await call("session.beginTurn", sessionId="s", turnId="t")
-        fsyncs = call.host.store.fsyncs
+        fsyncs = call.host.registry.fsyncs
         fsyncs.average = 10 * fsyncs.SLOW  # as a disk taking 20 ms a flush leaves it
         await _others_served_while_stuck(call, fs, _snapshot((1 << 20) - 100))
 
@@ -112,7 +112,7 @@ async def test_a_disk_fast_again_under_big_snapshots_brings_writes_back_to_the_l
     async with open_host(str(tmp_path / "data")) as call:
         await call("session.create", sessionId="s")
         await call("session.beginTurn", sessionId="s", turnId="t")
-        fsyncs = call.host.store.fsyncs
+        fsyncs = call.host.registry.fsyncs
         fsyncs.SLOW = 0.05  # a loaded CI disk's fsync stays under it: "fast" here
         fsyncs.average = 10 * fsyncs.SLOW  # as a slow spell leaves it
         assert await _on_loop_after_saves(call, 60) == 1
