@@ -310,13 +310,19 @@ An answer to a write means it is on disk. The order of every write (`host/_store
   commits, several at once), except the mark every change other than an append commits
   with `synchronous=FULL` before it touches a transcript: a start rescans a marked session
   whole, and needs to read nothing of an unmarked one but what was appended past its rows.
-- **Rewrite** (`updateMessage`, `deleteMessages`, `replaceMessages`, pager stamps,
-  revision switches): a temp file `<name>.<random>.tmp` in the same folder built from
-  kernel-side copies of the unchanged byte ranges plus the new bytes, `fsync`, `rename` over
-  the transcript, `fsync` of the folder, then the index commit (the session marked dirty,
-  synced, before the rename). The cached append handle is
-  switched to the new file; the old descriptor is kept until the index has followed, so a
-  failed index commit puts the old bytes back.
+- **Changes** (`updateMessage`, `deleteMessages`, `replaceMessages`, `truncateFrom`,
+  `saveActiveRevision`, `activateRevision`; docs/design.md, "Changes"): the session marked
+  dirty, synced; then every new byte written to a file of its own and fsynced (a temp file
+  `<name>.<random>.tmp` built from kernel-side copies of the unchanged byte ranges plus the
+  new bytes; an archived branch's payload; its new manifest), so all the space the change
+  needs is taken before anything is replaced. A change of several files is then recorded in
+  `<id>.intent.json` (its commit point), applied (renames, a cut in place, each folder
+  fsynced: no new space needed) and the intent removed; a change of one file is one
+  `rename` (and folder `fsync`) or one `ftruncate` (and `fsync`). Then the index: one that
+  cannot follow a change already made (`SQLITE_FULL`) does not fail the call; the session is
+  rebuilt from its file before it is served again. So a full disk fails a change before
+  anything changed (`STORAGE_ERROR`), never half way; an I/O error past its record leaves
+  it to be made, by the same code, before the session is served again.
 - **Small files** (meta, intent, revision manifest): temp file, `fsync`, `rename`, folder
   `fsync`; until the folder fsync succeeds the old file keeps a second (hard-linked) name,
   so a failure at any step puts it back.
@@ -335,16 +341,6 @@ An answer to a write means it is on disk. The order of every write (`host/_store
   checkpoint in the file), before anything is written: one that fails a check changes no
   file. Up to 1 MiB, and while fsyncs are fast, the replace runs on the event loop, as an
   append's write does; else on a thread.
-- **Truncation** (`truncateFrom`): the bytes to cut are read once (O(cut)). A plain cut
-  is one `ftruncate` (and `fsync`) at the byte offset the index knows, then the index; it
-  needs no intent and no new space. A cut that archives a branch and restamps its root
-  first takes every byte of space it needs (the branch's payload, the new manifest in a
-  temp file, room for a root line that grows the file), then records an intent; past that
-  point nothing needs new space: the manifest is renamed in, the restamped root line is
-  written over the bytes at the root's offset and the file cut after it, `fsync`, then the
-  index. So a full disk fails such a call before anything changed (`STORAGE_ERROR`), never
-  half way. An index that cannot follow a cut already made (`SQLITE_FULL`) does not fail
-  the call: the session is rebuilt from its file before it is served again.
 - **Delete**: the transcript is renamed to `<id>.jsonl.deleted` and the folder fsynced (that
   is the commit point; a failed fsync or index delete renames it back), then the index rows
   go, then the session's other files are removed without an fsync: what a power cut brings
@@ -352,8 +348,8 @@ An answer to a write means it is on disk. The order of every write (`host/_store
 
 At start, before the first request is read (`host/_service.py`, `host/_recovery.py`):
 
-1. Unfinished intents are applied to the files (a cut whose bytes no longer match is
-   dropped as stale).
+1. Recorded changes (`<id>.intent.json`) are applied and finished, by the code a call runs;
+   their sessions are rescanned whole.
 2. Stale `*.tmp` files under `sessions/` and `revisions/` are removed, and every checkpoint
    spare (`*.inflight.spare`): the last swap may not have reached the disk.
 3. Index rows of sessions whose transcript is gone are dropped.
