@@ -146,15 +146,12 @@ class Archive:
         name = f"{revision:06d}-{os.urandom(4).hex()}.jsonl"
         path = os.path.join(folder, name)
         self.fs.write_new(path, b"".join(line + b"\n" for line in lines))  # gone on a failure
-        self.fs.fsync_dir(folder)  # an intent may name it before the manifest does
-        return name
+        return name  # its name is made durable by the folder fsync before its commit
 
     def commit(self, session_id: str, root_id: str, revisions: Sequence[Revision]) -> None:
-        """Replace the manifest atomically: the commit point of an archive change.
-
-        Payloads it no longer names stay until :meth:`prune`, so a change can still be
-        rolled back to the old manifest until the call that made it is finished.
-        """
+        """Replace the manifest atomically (``saveRevision``'s commit; its folder fsync
+        makes the new payload's name durable too). Payloads it no longer names stay until
+        :meth:`prune`."""
         folder = self.folder(session_id, root_id)
         self.fs.mkdir(folder)
         self.fs.write_atomic(os.path.join(folder, "manifest.json"), _manifest(root_id, revisions))

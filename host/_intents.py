@@ -92,6 +92,9 @@ class Intents:
                 raise
             return True
         try:
+            if change.root_id is not None:  # the prepared manifest's name made durable: the
+                # intent names it (the transcript's temp shares the intent's folder fsync)
+                self.fs.fsync_dir(self.archive.folder(change.session_id, change.root_id))
             self.fs.write_atomic(self.layout.intent(change.session_id), _ENC.encode(change))
         except BaseException:
             self.discard(change)
