@@ -297,12 +297,11 @@ class Session:
         self.size, self.line_count = stamp.size, count
 
     def lags(self) -> None:
-        """Its file holds what its index does not (a full disk): it is rebuilt from its file
-        before it is served again, as after a failed batch of appends."""
+        """Its files hold what its index does not (a full disk): it is rebuilt from them
+        before it is served again (:meth:`Registry.open`), as after a failed batch."""
         if not self.cache.stale:
             self.cache.stale = True
             self.registry.index.stale += 1
-        self.registry.forget(self)
 
     # -- turns ----------------------------------------------------------------------
 
