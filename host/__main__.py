@@ -42,7 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     verify = sub.add_parser("verify", help="check every transcript against the index")
     verify.add_argument("--data-dir", required=True)
-    verify.add_argument("--repair", action="store_true", help="rebuild the index from files")
+    verify.add_argument(
+        "--repair",
+        action="store_true",
+        help="first run the recovery a start runs, every transcript rescanned",
+    )
     ins = sub.add_parser("inspect", help="show sessions, or one session's turns and messages")
     ins.add_argument("--data-dir", required=True)
     ins.add_argument("session", nargs="?")

@@ -121,11 +121,14 @@ class Host:
         fs: FileSystem | None = None,
         busy_timeout: float = BUSY_TIMEOUT,
         limits: Limits | None = None,
+        *,
+        full: bool = False,
     ) -> AsyncIterator[Host]:
         """Open, recover and yield the host of ``data_dir``; the caller holds its lock.
 
         ``busy_timeout``: seconds to wait for another program's lock on the index before
-        giving up with :class:`IndexBusy`.
+        giving up with :class:`IndexBusy`. ``full``: rescan every transcript, not only
+        those whose stamp differs from the index's (``verify --repair``: the same recovery).
         """
         limits = limits or Limits()
         layout = Layout(data_dir)
@@ -149,7 +152,7 @@ class Host:
                 store = Store(layout, index, fs, open_transcripts=limits.open_transcripts)
                 stack.callback(store.close)
                 try:
-                    host = await cls._recover(store, limits)
+                    host = await cls._recover(store, limits, full)
                 except sqlite3.DatabaseError as exc:
                     if busy(exc):
                         raise IndexBusy(layout.index, exc) from None
@@ -161,7 +164,7 @@ class Host:
                 return
 
     @classmethod
-    async def _recover(cls, store: Store, limits: Limits) -> Host:
+    async def _recover(cls, store: Store, limits: Limits, full: bool) -> Host:
         layout = store.layout
         for path in (layout.index, layout.index + "-wal", layout.index + "-shm"):
             if os.path.exists(path):
@@ -169,7 +172,8 @@ class Host:
         host = cls(store, Report(), limits)
         await asyncio.to_thread(store.remove_leftovers)  # before anything reads them
         intents = await asyncio.to_thread(host.history.apply_intent_files)
-        host.report = report = await recover(store, rescan={i.session_id for i in intents})
+        rescan = {i.session_id for i in intents}
+        host.report = report = await recover(store, full=full, rescan=rescan)
         await host.history.finish_intents(intents)
         await host.turns.recover_at_start()
         await asyncio.to_thread(_sweep_archives, store)

@@ -735,8 +735,11 @@ COMMAND_LINE = """\
   that differs). Exit status 0 when all agree, 1 otherwise (or when `DIR` has no
   `sessions/` folder). Without `--repair` it writes no session data and can run beside a
   live host (WAL lets a second reader in); `--repair` takes the data dir's lock (exit 2 when
-  a host holds it, or another program holds the index locked), rescans every transcript in
-  full and rebuilds the index rows from them.
+  a host holds it, or another program holds the index locked) and runs the recovery a start
+  runs, the same code (`Host.open`), with every transcript rescanned in full: leftovers of
+  deleted sessions removed, unfinished changes (intents) finished, the index rows rebuilt
+  from the transcripts, running turns ended `aborted`, unnamed archive payloads removed;
+  checkpoints are left, as at start, to `session.recoverInflightMessages`. Then it checks.
 """
 
 # -- per-method prose -----------------------------------------------------------------------
