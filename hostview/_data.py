@@ -1,10 +1,12 @@
 """A host's data dir, read without touching it: what ``inspect`` and ``export`` look at.
 
-The index is opened read-only (``mode=ro``: SQLite's WAL lets a reader in beside a live
-host); files are only read. Nothing is locked but a checkpoint, under a shared ``flock``
-for the instant of its read, and nothing is written, not even what is found damaged (the
-host sets that aside at its next start): a look can run on the data dir of a running
-host without disturbing it.
+The index is opened read-only (``host._index.connect_read_only``: ``mode=ro`` beside a
+live host, whose WAL lets a reader in; ``immutable`` when no program has it open, so that
+not even a ``-wal`` or ``-shm`` is made), every file ``O_RDONLY``. Nothing is locked but a
+checkpoint, under a shared ``flock`` for the instant of its read, and nothing is written,
+not even what is found damaged (the host sets that aside at its next start): a look can
+run on the data dir of a running host without disturbing it. A host that starts in the
+middle of a look at a stopped one is not waited for: the look may then fail; look again.
 """
 
 from __future__ import annotations
@@ -194,11 +196,11 @@ def to_dict(raw: bytes) -> dict[str, Any]:
 
 
 def count_lines(path: str) -> int:
-    """The lines of the file at ``path`` (0 when there is none)."""
+    """The lines of the file at ``path`` (0 when there is none, or it is no regular file)."""
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(open_regular(path), "rb") as f:
             return sum(1 for _ in f)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotRegularFile):
         return 0
 
 

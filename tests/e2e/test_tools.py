@@ -8,8 +8,10 @@ import json
 import os
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -81,6 +83,56 @@ async def test_inspect_lists_sessions_and_shows_one_beside_a_live_host(
     assert "checkpoint: message a2 of turn t2" in out and "u1: 1 archived revision(s)" in out
     assert disk_state(data_dir) == before  # a look changes nothing, even with a host live
     assert await client.call("session.list")  # and the host is undisturbed
+
+
+def _every_path(data: Path) -> dict[str, tuple[int, int, int, bytes | None]]:
+    """Every file and folder under ``data``: its mode, size, mtime and (a file's) bytes."""
+    out = {}
+    for path in [data, *sorted(data.rglob("*"))]:
+        st = path.lstat()
+        body = path.read_bytes() if stat.S_ISREG(st.st_mode) else None
+        out[str(path.relative_to(data))] = (st.st_mode, st.st_size, st.st_mtime_ns, body)
+    return out
+
+
+@contextlib.contextmanager
+def _read_only(data: Path) -> Iterator[None]:
+    """Make every file of ``data`` 0400 and every folder 0500, as a backup is kept."""
+    paths = [data, *data.rglob("*")]
+    modes = {p: p.lstat().st_mode for p in paths}
+    for p in reversed(paths):  # a folder after what it holds
+        p.chmod(0o500 if p.is_dir() else 0o400)
+    try:
+        yield
+    finally:
+        for p in paths:
+            p.chmod(stat.S_IMODE(modes[p]))
+
+
+async def test_the_read_tools_change_nothing_in_a_stopped_hosts_data_dir(
+    host: HostProcess, client: Client, data_dir: Path
+) -> None:
+    """Found at 86ff206 (issue 33): ``inspect`` left ``index.sqlite3-wal`` and ``-shm``.
+
+    A host that stops removes them; SQLite's ``mode=ro`` makes them again for a WAL
+    database when they are not there. The tools run on a data dir of read-only files and
+    folders; root may write to those all the same, so every path's bytes, mode and mtime
+    (a folder's: nothing made and removed in it) must be as they were.
+    """
+    await _conversation(client)
+    assert await host.stop() == 0
+    with _read_only(data_dir):
+        before = _every_path(data_dir)
+        for args in (
+            ["inspect"],
+            ["inspect", "trip"],
+            ["inspect", "trip", "--json"],
+            ["export", "trip", "--with-revisions"],
+            ["export", "trip", "--format", "markdown", "--with-revisions"],
+        ):
+            code, out, err = await run_view(args[0], "--data-dir", str(data_dir), *args[1:])
+            assert code == 0 and out and "Traceback" not in err, (args, err)
+        assert _every_path(data_dir) == before
 
 
 async def test_the_old_command_lines_say_where_the_tools_went(data_dir: Path) -> None:
