@@ -40,16 +40,16 @@ lock:
 		--custom-compile-command 'make lock' -q -o $(LOCK)
 
 lint: $(STAMP)
-	$(BIN)/ruff check host outbox tests scripts
-	$(BIN)/ruff format --check host outbox tests scripts
-	$(BIN)/mypy --strict host outbox
+	$(BIN)/ruff check host hostview outbox tests scripts
+	$(BIN)/ruff format --check host hostview outbox tests scripts
+	$(BIN)/mypy --strict host hostview outbox
 
 # pytest-xdist: one worker per CPU (JOBS=1 for one process, JOBS=4 for four). The project's
 # modules are byte-compiled first: where PYTHONDONTWRITEBYTECODE is set (some shells and
 # sandboxes set it) each of the hundreds of Python processes the suite starts (hosts,
 # mostly) would otherwise compile them again from source (~50 ms of CPU each).
 test: lint
-	$(BIN)/python -m compileall -q host outbox scripts
+	$(BIN)/python -m compileall -q host hostview outbox scripts
 	$(BIN)/python -m pytest -q -n $(JOBS)
 	@$(MAKE) --no-print-directory ts-test
 

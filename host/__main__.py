@@ -1,4 +1,8 @@
-"""Command line: ``python -m host serve|verify``."""
+"""Command line: ``python -m host serve|verify``.
+
+The read-only looks at a data dir are a package of their own: ``python -m hostview
+inspect|export``.
+"""
 
 from __future__ import annotations
 
@@ -13,12 +17,23 @@ from typing import Any
 
 from host._platform import EXIT_UNSUPPORTED, unsupported
 
+MOVED = ("inspect", "export")
+"""Commands that moved to ``python -m hostview``: named as such, not an invalid choice."""
+
 
 def main(argv: list[str] | None = None) -> int:
     """Run the host command line; return the exit code."""
     if (reason := unsupported()) is not None:  # Windows: say so, not an ImportError
         print(f"python -m host: {reason}", file=sys.stderr)
         return EXIT_UNSUPPORTED
+    command = (sys.argv[1:] if argv is None else argv)[:1]
+    if command and command[0] in MOVED:
+        print(
+            f"python -m host {command[0]}: moved to `python -m hostview {command[0]}`"
+            " (same options)",
+            file=sys.stderr,
+        )
+        return 2
     from host._index import BUSY_TIMEOUT
     from host._limits import HANDSHAKE_TIMEOUT
 
@@ -42,61 +57,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     verify = sub.add_parser("verify", help="check every transcript against the index")
     verify.add_argument("--data-dir", required=True)
-    verify.add_argument("--repair", action="store_true", help="rebuild the index from files")
-    ins = sub.add_parser("inspect", help="show sessions, or one session's turns and messages")
-    ins.add_argument("--data-dir", required=True)
-    ins.add_argument("session", nargs="?")
-    ins.add_argument("--limit", type=_count, default=50, help="messages per page")
-    ins.add_argument("--before", type=_count, help="page of lines before this one")
-    ins.add_argument("--json", action="store_true")
-    exp = sub.add_parser("export", help="write a session out as JSONL or Markdown")
-    exp.add_argument("--data-dir", required=True)
-    exp.add_argument("session")
-    exp.add_argument("--format", choices=["jsonl", "markdown"], default="jsonl")
-    exp.add_argument("--with-revisions", action="store_true")
-    for p in (serve, verify, ins):
-        p.add_argument(
-            "--busy-timeout",
-            type=_seconds,
-            default=BUSY_TIMEOUT,
-            metavar="SECONDS",
-            help="how long to wait for another program's lock on the index (default %(default)s)",
-        )
-    for p in (serve, verify, ins, exp):
-        p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-        p.add_argument("--log-format", default="text", choices=["text", "json"])
-    args = parser.parse_args(argv)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(
-        JsonFormatter()
-        if args.log_format == "json"
-        else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    verify.add_argument(
+        "--repair",
+        action="store_true",
+        help="first run the recovery a start runs, every transcript rescanned",
     )
-    logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
+    for p in (serve, verify):
+        add_busy_timeout(p, BUSY_TIMEOUT)
+        add_log_options(p)
+    args = parser.parse_args(argv)
+    log_to_stderr(args.log_level, args.log_format)
     os.umask(0o077)  # files 0600, folders 0700, whatever the caller's umask
-    if args.command in ("inspect", "export"):
-        from host._errors import HostError
-        from host._inspect import export, inspect
-
-        try:
-            if args.command == "inspect":
-                return inspect(
-                    args.data_dir,
-                    args.session,
-                    limit=args.limit,
-                    before=args.before,
-                    as_json=args.json,
-                    busy_timeout=args.busy_timeout,
-                )
-            return export(
-                args.data_dir, args.session, fmt=args.format, with_revisions=args.with_revisions
-            )
-        except HostError as exc:
-            print(f"{parser.prog} {args.command}: {exc.message}", file=sys.stderr)
-            return 2
-        except BrokenPipeError:  # `| head`: the reader has what it wanted
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error
-            return 1
     if args.command == "serve":
         from host._server import serve as run
 
@@ -108,14 +79,36 @@ def main(argv: list[str] | None = None) -> int:
     return asyncio.run(check(args.data_dir, repair=args.repair, busy_timeout=args.busy_timeout))
 
 
-def _count(text: str) -> int:
-    """A command-line count: a whole number, 0 or more."""
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"must be a whole number, 0 or more, not {text!r}")
-    return int(text)
+def add_busy_timeout(parser: argparse.ArgumentParser, default: float) -> None:
+    """``--busy-timeout``: how long to wait for another program's lock on the index."""
+    parser.add_argument(
+        "--busy-timeout",
+        type=seconds,
+        default=default,
+        metavar="SECONDS",
+        help="how long to wait for another program's lock on the index (default %(default)s)",
+    )
 
 
-def _seconds(text: str) -> float:
+def add_log_options(parser: argparse.ArgumentParser) -> None:
+    """``--log-level`` and ``--log-format``: what goes to stderr, and how."""
+    levels = ["debug", "info", "warning", "error"]
+    parser.add_argument("--log-level", default="info", choices=levels)
+    parser.add_argument("--log-format", default="text", choices=["text", "json"])
+
+
+def log_to_stderr(level: str, fmt: str) -> None:
+    """Send the log to stderr, as text lines or one JSON object a line."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        JsonFormatter()
+        if fmt == "json"
+        else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    )
+    logging.basicConfig(level=level.upper(), handlers=[handler])
+
+
+def seconds(text: str) -> float:
     """A command-line duration: a number of seconds, 0 or more."""
     try:
         value = float(text)

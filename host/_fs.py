@@ -419,7 +419,7 @@ def read_regular(path: str) -> bytes:
 def read_whole(path: str) -> bytes:
     """Read a file that :meth:`FileSystem.write_swap` replaces, never mid-overwrite.
 
-    A process beside the host (``host inspect``) may open the checkpoint just before it
+    A process beside the host (``hostview inspect``) may open the checkpoint just before it
     becomes the spare; the shared lock keeps the next save from overwriting it in place.
     """
     with open(path, "rb") as f:

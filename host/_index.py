@@ -222,12 +222,18 @@ BUSY_TIMEOUT = 5.0
 
 
 def connect_read_only(path: str, busy_timeout: float = BUSY_TIMEOUT) -> sqlite3.Connection:
-    """Open the database at ``path`` read-only (it is never created).
+    """Open the database at ``path`` read-only: it is never created, nor anything beside it.
 
     The path is quoted into the URI: a ``#`` or ``?`` in a folder's name is part of it,
-    not URI syntax that would cut the path (and the ``mode=ro`` after it) short.
+    not URI syntax that would cut the path (and the ``mode=ro`` after it) short. With no
+    ``-wal`` beside it no program has it open (the last connection to close removes it),
+    and a ``mode=ro`` reader would make the ``-wal`` and ``-shm`` itself: it is read as
+    ``immutable``, which creates and locks nothing. With one (a live host, or one that
+    died) it is read the way WAL readers share it.
     """
     uri = f"file:{urllib.parse.quote(os.path.abspath(path))}?mode=ro"
+    if not os.path.exists(path + "-wal"):
+        uri += "&immutable=1"
     return sqlite3.connect(uri, uri=True, timeout=busy_timeout)
 
 

@@ -120,11 +120,14 @@ class Host:
         fs: FileSystem | None = None,
         busy_timeout: float = BUSY_TIMEOUT,
         limits: Limits | None = None,
+        *,
+        full: bool = False,
     ) -> AsyncIterator[Host]:
         """Open, recover and yield the host of ``data_dir``; the caller holds its lock.
 
         ``busy_timeout``: seconds to wait for another program's lock on the index before
-        giving up with :class:`IndexBusy`.
+        giving up with :class:`IndexBusy`. ``full``: rescan every transcript, not only
+        those whose stamp differs from the index's (``verify --repair``: the same recovery).
         """
         limits = limits or Limits()
         layout = Layout(data_dir)
@@ -148,7 +151,7 @@ class Host:
                 registry = Registry(layout, index, fs, open_transcripts=limits.open_transcripts)
                 stack.callback(registry.close)
                 try:
-                    host = await cls._recover(registry, limits)
+                    host = await cls._recover(registry, limits, full)
                 except sqlite3.DatabaseError as exc:
                     if busy(exc):
                         raise IndexBusy(layout.index, exc) from None
@@ -160,13 +163,13 @@ class Host:
                 return
 
     @classmethod
-    async def _recover(cls, registry: Registry, limits: Limits) -> Host:
+    async def _recover(cls, registry: Registry, limits: Limits, full: bool) -> Host:
         layout = registry.layout
         for path in (layout.index, layout.index + "-wal", layout.index + "-shm"):
             if os.path.exists(path):
                 os.chmod(path, 0o600)
         host = cls(registry, Report(), limits)
-        host.report = report = await recover_data_dir(registry)
+        host.report = report = await recover_data_dir(registry, full=full)
         log.info(
             "recovered %d session(s): %d reconciled, %d line(s) indexed, %d torn tail(s),"
             " %d line(s) quarantined, %d temp file(s) removed",

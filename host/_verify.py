@@ -1,7 +1,10 @@
-"""``python -m host verify``: check every transcript against the index, or rebuild it.
+"""``python -m host verify``: check every transcript against the index, or repair first.
 
 Without ``--repair`` nothing is written, so it can run beside a live host (SQLite's WAL
-lets a second reader in); with ``--repair`` it takes the data dir's lock like a host.
+lets a second reader in). With ``--repair`` it takes the data dir's lock like a host and
+runs the very recovery a start runs (``Host.open``: leftovers, intents, reconciliation of
+every transcript, turns, archives), then checks: a repaired data dir is the one the next
+start would have made of it.
 """
 
 from __future__ import annotations
@@ -13,18 +16,11 @@ import sys
 from typing import TextIO
 
 from host._fs import FileSystem
-from host._index import (
-    BUSY_TIMEOUT,
-    Index,
-    IndexBusy,
-    disk_trouble,
-    index_problem,
-    set_aside_index,
-)
+from host._index import BUSY_TIMEOUT, Index, IndexBusy, disk_trouble, index_problem
 from host._layout import Layout, UnsafeDataDir
-from host._recovery import recover, scan
-from host._server import DataDirBusy, DataDirLock, lock_data_dir
-from host._store import Registry
+from host._recovery import scan
+from host._server import DataDirBusy, lock_data_dir
+from host._service import Host
 from host._transcript import FileStamp, Transcript
 
 log = logging.getLogger("host.verify")
@@ -37,7 +33,7 @@ async def verify(
     out: TextIO = sys.stdout,
     busy_timeout: float = BUSY_TIMEOUT,
 ) -> int:
-    """Print every disagreement; return 0 when transcripts and index agree, else 1."""
+    """Print every disagreement; return 0 when transcripts and index agree, else 1 (2: cannot)."""
     layout = Layout(data_dir)
     if not os.path.isdir(layout.sessions):
         print(f"no data dir at {layout.root}", file=out)
@@ -47,34 +43,8 @@ async def verify(
     except UnsafeDataDir as exc:
         print(f"cannot verify: {exc}", file=out)
         return 2
-    if not repair and not os.path.exists(layout.index):
-        print(f"no index at {layout.index}: run with --repair to build it", file=out)
-        return 1
-    lock: DataDirLock | None = None
-    if repair:
-        try:
-            lock = lock_data_dir(layout.root)
-        except DataDirBusy as exc:
-            print(f"cannot repair: {exc}", file=out)
-            return 2
     try:
-        if (problem := index_problem(layout.index, busy_timeout)) is not None:
-            if not repair:
-                print(f"index {layout.index} is {problem}: run with --repair", file=out)
-                return 1
-            print(f"index was {problem}: moved to {set_aside_index(layout.index)}", file=out)
-        async with Index.open(layout.index, busy_timeout=busy_timeout) as index:
-            store = Registry(layout, index, FileSystem())
-            if repair:
-                report = await recover(store, full=True)
-                print(
-                    f"repaired: {report.sessions} session(s) rescanned,"
-                    f" {report.indexed_lines} line(s) indexed,"
-                    f" {report.quarantined_lines} quarantined,"
-                    f" {report.torn_tails} torn tail(s) cut",
-                    file=out,
-                )
-            problems = await _check(store, out)
+        problems = await (_repair if repair else _look)(layout, out, busy_timeout)
     except IndexBusy as exc:
         print(f"cannot verify: {exc}", file=out)
         return 2
@@ -83,17 +53,50 @@ async def verify(
             raise
         print(f"cannot verify: the index cannot be used now ({exc})", file=out)
         return 2
-    finally:
-        if lock is not None:
-            lock.close()
     if problems:
         print(f"{problems} problem(s) found", file=out)
         return 1
     return 0
 
 
-async def _check(store: Registry, out: TextIO) -> int:
-    layout, index = store.layout, store.index
+async def _look(layout: Layout, out: TextIO, busy_timeout: float) -> int:
+    """Check without writing; a missing or unusable index is one problem."""
+    if not os.path.exists(layout.index):
+        print(f"no index at {layout.index}: run with --repair to build it", file=out)
+        return 1
+    if (problem := index_problem(layout.index, busy_timeout)) is not None:
+        print(f"index {layout.index} is {problem}: run with --repair", file=out)
+        return 1
+    async with Index.open(layout.index, busy_timeout=busy_timeout) as index:
+        return await _check(layout, index, FileSystem(), out)
+
+
+async def _repair(layout: Layout, out: TextIO, busy_timeout: float) -> int:
+    """Run a start's recovery, every transcript rescanned, under the data dir's lock; check."""
+    try:
+        lock = lock_data_dir(layout.root)
+    except DataDirBusy as exc:
+        print(f"cannot repair: {exc}", file=out)
+        return 2
+    try:
+        async with Host.open(layout.root, busy_timeout=busy_timeout, full=True) as host:
+            r, counters = host.report, host.registry.counters
+            print(
+                f"repaired: {r.sessions} session(s) rescanned,"
+                f" {r.indexed_lines} line(s) indexed,"
+                f" {r.quarantined_lines} quarantined,"
+                f" {r.torn_tails} torn tail(s) cut,"
+                f" {counters.get('recovery.intents_finished', 0)} unfinished change(s) finished,"
+                f" {counters.get('recovery.turns_aborted', 0)} running turn(s) aborted",
+                file=out,
+            )
+            return await _check(layout, host.registry.index, host.registry.fs, out)
+    finally:
+        lock.close()
+
+
+async def _check(layout: Layout, index: Index, fs: FileSystem, out: TextIO) -> int:
+    """Print each disagreement of the transcripts and the index; return how many."""
     problems = 0
     lines = 0
 
@@ -113,7 +116,7 @@ async def _check(store: Registry, out: TextIO) -> int:
         if srow is None:
             bad(sid, "transcript is not in the index")
             continue
-        t = Transcript(store.fs, layout.transcript(sid))
+        t = Transcript(fs, layout.transcript(sid))
         try:
             found = scan(t, 0, 0, set())
             stamp = FileStamp.of(os.fstat(t.fd))

@@ -266,7 +266,7 @@ LAYOUT_OUTRO = """
   is its id (older files also carry a `"messageId"`, and read the same).
 - `sessions/<id>.inflight.spare` is the checkpoint before it, kept as the temp file the next
   save overwrites (see Durability). The host never reads it; it goes with its checkpoint
-  and at every start. Read a live checkpoint under a shared `flock` (as `host inspect`
+  and at every start. Read a live checkpoint under a shared `flock` (as `hostview inspect`
   does) and no save overwrites the file while you read it.
 - `sessions/<id>.intent.json` is written before a change that touches the archive and the
   transcript (`saveActiveRevision`, `activateRevision`, a `truncateFrom` that archives or
@@ -440,7 +440,7 @@ PROTOCOL.md is silent on these points (or leaves them open); this is what the co
   sent and appends the stored ones at the end. A lone surrogate escape in a value is kept
   as those bytes; `session.get` answers them as stored (a client reads them as
   `JSON.parse` does), and a `displayCap` copy, decoded and re-encoded, shows each as
-  U+FFFD, as `host inspect` and `export --format markdown` do.
+  U+FFFD, as `hostview inspect` and `hostview export --format markdown` do.
 - **`turnId` precedence**: `appendMessage` and `beginTurn` store the call's `turnId`, else the
   message's. `updateMessage` and `replaceMessages` keep the `turnId` already stored for that
   id (the message's own is used only when none is stored), so a rewrite cannot re-attribute.
@@ -722,17 +722,20 @@ COMMAND_LINE = """\
   schema, `SQLITE_CORRUPT`); @@EXIT_UNSUPPORTED@@ on a platform the host does not run on
   (Windows: no `fcntl`), with one line on stderr that says so. The host runs on Linux and
   macOS.
-- `--busy-timeout S` (`serve`, `verify`, `inspect`; default @@BUSY_TIMEOUT@@ s): how long a
-  statement waits for another program's lock on the index (SQLite's busy timeout) before it
-  fails. At start that is exit 3 (`serve`), 2 (`verify`) or 1 (`inspect`); while serving, a
-  call that waits it out answers `STORAGE_ERROR`.
+- `--busy-timeout S` (`serve`, `verify`, `python -m hostview inspect`; default
+  @@BUSY_TIMEOUT@@ s): how long a statement waits for another program's lock on the index
+  (SQLite's busy timeout) before it fails. At start that is exit 3 (`serve`), 2 (`verify`)
+  or 1 (`inspect`); while serving, a call that waits it out answers `STORAGE_ERROR`.
 - `python -m host verify --data-dir DIR [--repair]` checks every transcript against the
   index and prints each disagreement (torn tail, corrupt or duplicate line, a row or count
   that differs). Exit status 0 when all agree, 1 otherwise (or when `DIR` has no
   `sessions/` folder). Without `--repair` it writes no session data and can run beside a
   live host (WAL lets a second reader in); `--repair` takes the data dir's lock (exit 2 when
-  a host holds it, or another program holds the index locked), rescans every transcript in
-  full and rebuilds the index rows from them.
+  a host holds it, or another program holds the index locked) and runs the recovery a start
+  runs, the same code (`Host.open`), with every transcript rescanned in full: leftovers of
+  deleted sessions removed, unfinished changes (intents) finished, the index rows rebuilt
+  from the transcripts, running turns ended `aborted`, unnamed archive payloads removed;
+  checkpoints are left, as at start, to `session.recoverInflightMessages`. Then it checks.
 """
 
 # -- per-method prose -----------------------------------------------------------------------

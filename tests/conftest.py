@@ -530,12 +530,12 @@ async def restart(start_host: StartHost, old: HostProcess, *, kill: bool = False
     return new.client
 
 
-async def run_cli(*args: str) -> tuple[int, str, str]:
-    """Run ``python -m host ARGS``; return (exit code, stdout, stderr)."""
+async def run_cli(*args: str, module: str = "host") -> tuple[int, str, str]:
+    """Run ``python -m host ARGS`` (or ``-m MODULE``); return (exit code, stdout, stderr)."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "host",
+        module,
         *args,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
@@ -551,6 +551,11 @@ async def run_cli(*args: str) -> tuple[int, str, str]:
             await proc.wait()
     assert proc.returncode is not None
     return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+async def run_view(*args: str) -> tuple[int, str, str]:
+    """Run ``python -m hostview ARGS`` (inspect, export); return (exit code, stdout, stderr)."""
+    return await run_cli(*args, module="hostview")
 
 
 # -- looking at the data dir --------------------------------------------------------------

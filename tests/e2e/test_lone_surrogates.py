@@ -28,6 +28,7 @@ from tests.conftest import (
     dumps,
     get_messages,
     run_cli,
+    run_view,
     transcript,
 )
 
@@ -112,7 +113,7 @@ async def test_a_lone_surrogate_is_stored_as_sent_and_read_back(
     assert code == 0, out + err
     # The read-only tools show a half pair as U+FFFD (a terminal takes no lone surrogate).
     for args in (("inspect", "s"), ("export", "s", "--format", "markdown")):
-        code, out, err = await run_cli(args[0], "--data-dir", str(data_dir), *args[1:])
+        code, out, err = await run_view(args[0], "--data-dir", str(data_dir), *args[1:])
         assert code == 0 and "\ufffd" in out and "Traceback" not in err, out + err
 
 

@@ -55,12 +55,16 @@ def python(code: str, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_without_fcntl_the_host_says_so_in_one_line_and_exits_4(tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", [["host", "serve"], ["hostview", "inspect"]])
+def test_without_fcntl_the_host_says_so_in_one_line_and_exits_4(
+    tmp_path: Path, command: list[str]
+) -> None:
     data = tmp_path / "data"
+    module, name = command
     run = python(
         "import runpy\n"
-        "sys.argv = ['python -m host', 'serve', '--data-dir', sys.argv[1]]\n"
-        "runpy.run_module('host', run_name='__main__', alter_sys=True)\n",
+        f"sys.argv = ['python -m {module}', '{name}', '--data-dir', sys.argv[1]]\n"
+        f"runpy.run_module('{module}', run_name='__main__', alter_sys=True)\n",
         str(data),
     )
     assert (run.returncode, run.stdout) == (4, ""), run.stderr

@@ -1,4 +1,4 @@
-"""Operator tools: inspect and export a data dir (live or not), JSON logs, the schema."""
+"""Operator tools: ``python -m hostview inspect|export`` on a data dir (live or not), JSON logs."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ import json
 import os
 import shlex
 import shutil
+import stat
+import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +26,7 @@ from tests.conftest import (
     index_locked,
     msg,
     run_cli,
+    run_view,
     transcript,
 )
 
@@ -57,13 +61,13 @@ async def test_inspect_lists_sessions_and_shows_one_beside_a_live_host(
 ) -> None:
     await _conversation(client)
     before = disk_state(data_dir)
-    code, out, _ = await run_cli("inspect", "--data-dir", str(data_dir))
+    code, out, _ = await run_view("inspect", "--data-dir", str(data_dir))
     assert code == 0
     trip = next(line for line in out.splitlines() if line.startswith("trip"))
     assert "Trip plan" in trip and "t2" in trip and "yes" in trip  # running turn, checkpoint
     assert "2 session(s)" in out
 
-    code, out, _ = await run_cli("inspect", "--data-dir", str(data_dir), "trip", "--json")
+    code, out, _ = await run_view("inspect", "--data-dir", str(data_dir), "trip", "--json")
     assert code == 0
     detail = json.loads(out)
     assert [(t["turnId"], t["status"]) for t in detail["turns"]] == [
@@ -74,11 +78,81 @@ async def test_inspect_lists_sessions_and_shows_one_beside_a_live_host(
     assert detail["roots"] == [{"rootId": "u1", "revisions": 1}]  # the cut reply is archived
     assert detail["checkpoint"]["messageId"] == "a2"
 
-    code, out, _ = await run_cli("inspect", "--data-dir", str(data_dir), "trip")
+    code, out, _ = await run_view("inspect", "--data-dir", str(data_dir), "trip")
     assert code == 0
     assert "checkpoint: message a2 of turn t2" in out and "u1: 1 archived revision(s)" in out
     assert disk_state(data_dir) == before  # a look changes nothing, even with a host live
     assert await client.call("session.list")  # and the host is undisturbed
+
+
+def _every_path(data: Path) -> dict[str, tuple[int, int, int, bytes | None]]:
+    """Every file and folder under ``data``: its mode, size, mtime and (a file's) bytes."""
+    out = {}
+    for path in [data, *sorted(data.rglob("*"))]:
+        st = path.lstat()
+        body = path.read_bytes() if stat.S_ISREG(st.st_mode) else None
+        out[str(path.relative_to(data))] = (st.st_mode, st.st_size, st.st_mtime_ns, body)
+    return out
+
+
+@contextlib.contextmanager
+def _read_only(data: Path) -> Iterator[None]:
+    """Make every file of ``data`` 0400 and every folder 0500, as a backup is kept."""
+    paths = [data, *data.rglob("*")]
+    modes = {p: p.lstat().st_mode for p in paths}
+    for p in reversed(paths):  # a folder after what it holds
+        p.chmod(0o500 if p.is_dir() else 0o400)
+    try:
+        yield
+    finally:
+        for p in paths:
+            p.chmod(stat.S_IMODE(modes[p]))
+
+
+async def test_the_read_tools_change_nothing_in_a_stopped_hosts_data_dir(
+    host: HostProcess, client: Client, data_dir: Path
+) -> None:
+    """Found at 86ff206 (issue 33): ``inspect`` left ``index.sqlite3-wal`` and ``-shm``.
+
+    A host that stops removes them; SQLite's ``mode=ro`` makes them again for a WAL
+    database when they are not there. The tools run on a data dir of read-only files and
+    folders; root may write to those all the same, so every path's bytes, mode and mtime
+    (a folder's: nothing made and removed in it) must be as they were.
+    """
+    await _conversation(client)
+    assert await host.stop() == 0
+    with _read_only(data_dir):
+        before = _every_path(data_dir)
+        for args in (
+            ["inspect"],
+            ["inspect", "trip"],
+            ["inspect", "trip", "--json"],
+            ["export", "trip", "--with-revisions"],
+            ["export", "trip", "--format", "markdown", "--with-revisions"],
+        ):
+            code, out, err = await run_view(args[0], "--data-dir", str(data_dir), *args[1:])
+            assert code == 0 and out and "Traceback" not in err, (args, err)
+        assert _every_path(data_dir) == before
+
+
+async def test_the_old_command_lines_say_where_the_tools_went(data_dir: Path) -> None:
+    for command in ("inspect", "export"):
+        code, out, err = await run_cli(command, "--data-dir", str(data_dir), "s")
+        assert (code, out) == (2, ""), err
+        assert f"moved to `python -m hostview {command}`" in err, err
+    assert not data_dir.exists()
+
+
+def test_the_server_imports_no_read_tool() -> None:
+    """``host`` is the server: the tools build on it, never the other way round."""
+    modules = ["host", "host.__main__", "host._server", "host._service", "host._verify"]
+    code = f"import importlib, sys; [importlib.import_module(m) for m in {modules!r}]; " + (
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'hostview'))"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert run.stdout == "[]\n"
 
 
 async def test_inspect_pages_messages(client: Client, data_dir: Path) -> None:
@@ -87,7 +161,7 @@ async def test_inspect_pages_messages(client: Client, data_dir: Path) -> None:
         await client.call(
             "session.appendMessage", sessionId="long", message=msg(f"m{i}", "user", f"line {i}")
         )
-    code, out, _ = await run_cli(
+    code, out, _ = await run_view(
         "inspect", "--data-dir", str(data_dir), "long", "--limit", "5", "--before", "10", "--json"
     )
     assert code == 0
@@ -96,13 +170,13 @@ async def test_inspect_pages_messages(client: Client, data_dir: Path) -> None:
 
 async def test_export_jsonl_and_markdown_with_revisions(client: Client, data_dir: Path) -> None:
     await _conversation(client)
-    code, out, _ = await run_cli("export", "--data-dir", str(data_dir), "trip", "--with-revisions")
+    code, out, _ = await run_view("export", "--data-dir", str(data_dir), "trip", "--with-revisions")
     assert code == 0
     rows = [json.loads(line) for line in out.splitlines()]
     assert rows[0]["id"] == "u1"
     assert rows[1] == {"revisionOf": "u1", "revision": 0, "message": rows[1]["message"]}
     assert rows[1]["message"]["id"] == "a1" and rows[1]["message"]["turnId"] == "t1"
-    code, out, _ = await run_cli(
+    code, out, _ = await run_view(
         "export", "--data-dir", str(data_dir), "trip", "--format", "markdown", "--with-revisions"
     )
     assert code == 0
@@ -126,23 +200,23 @@ async def test_export_is_the_transcript_verbatim_where_the_index_lags_it(
     path = transcript(data_dir, "s")
     with path.open("ab") as f:  # what a crash between the fsync and the batch commit leaves
         f.write(late + b"\n" + b"not a message\n" + b'{"id":"m3","ro')  # and a torn tail
-    code, out, err = await run_cli("export", "--data-dir", str(data_dir), "s")
+    code, out, err = await run_view("export", "--data-dir", str(data_dir), "s")
     assert code == 0, err
     assert out.encode().splitlines() == path.read_bytes().splitlines()[:2]
     assert out.encode().splitlines()[1] == late
     assert "2 line(s) of s are no message" in err
-    code, out, err = await run_cli(
+    code, out, err = await run_view(
         "export", "--data-dir", str(data_dir), "s", "--format", "markdown"
     )
     assert code == 0 and "_2 message(s)" in out and "after the last batch" in out, err
 
 
 async def test_unknown_session_and_bad_id_are_clear_errors(client: Client, data_dir: Path) -> None:
-    code, _out, err = await run_cli("inspect", "--data-dir", str(data_dir), "nope")
+    code, _out, err = await run_view("inspect", "--data-dir", str(data_dir), "nope")
     assert code != 0 and "no session 'nope'" in err
-    code, _out, err = await run_cli("export", "--data-dir", str(data_dir), "nope")
+    code, _out, err = await run_view("export", "--data-dir", str(data_dir), "nope")
     assert code != 0 and "no session 'nope'" in err and "Traceback" not in err
-    code, _out, err = await run_cli("export", "--data-dir", str(data_dir), "../etc")
+    code, _out, err = await run_view("export", "--data-dir", str(data_dir), "../etc")
     assert code != 0 and "sessionId" in err and "Traceback" not in err
 
 
@@ -157,9 +231,9 @@ async def test_read_tools_take_a_data_dir_path_with_hash_and_question_mark(
     assert await host.stop() == 0
     odd = tmp_path / "a#b?c"
     shutil.copytree(data_dir, odd)
-    code, out, err = await run_cli("inspect", "--data-dir", str(odd))
+    code, out, err = await run_view("inspect", "--data-dir", str(odd))
     assert code == 0 and "Trip plan" in out, err
-    code, out, err = await run_cli("export", "--data-dir", str(odd), "trip")
+    code, out, err = await run_view("export", "--data-dir", str(odd), "trip")
     assert code == 0 and json.loads(out.splitlines()[0])["id"] == "u1", err
     assert not (tmp_path / "a").exists()
 
@@ -177,7 +251,7 @@ async def test_read_tools_write_nothing_beside_a_damaged_archive(
     (folder / "bad name").mkdir()
     before = disk_state(data_dir)
     for args in (["inspect"], ["inspect", "trip"], ["export", "trip", "--with-revisions"]):
-        code, out, err = await run_cli(args[0], "--data-dir", str(data_dir), *args[1:])
+        code, out, err = await run_view(args[0], "--data-dir", str(data_dir), *args[1:])
         assert code == 0 and "Traceback" not in err, err
         assert "manifest.json is damaged" in err and "bad name is not a pager root" in err, err
     assert json.loads(out.splitlines()[0])["id"] == "u1"  # the transcript, all the same
@@ -194,13 +268,13 @@ async def test_export_needs_no_index_and_skips_a_revision_it_cannot_read(
         path.unlink()
     for payload in (data_dir / "revisions" / "trip" / "u1").glob("000000-*.jsonl"):
         payload.unlink()
-    code, out, err = await run_cli(
+    code, out, err = await run_view(
         "export", "--data-dir", str(data_dir), "trip", "--with-revisions"
     )
     assert code == 0 and "Traceback" not in err, err
     assert [json.loads(line)["id"] for line in out.splitlines()] == ["u1"]
     assert "revision 0 of root 'u1' of trip left out" in err
-    code, _out, err = await run_cli("inspect", "--data-dir", str(data_dir))
+    code, _out, err = await run_view("inspect", "--data-dir", str(data_dir))
     assert code == 1 and "no index at" in err and "Traceback" not in err, err
     assert not (data_dir / "index.sqlite3").exists()  # read-only: not created
 
@@ -219,9 +293,9 @@ async def test_inspect_says_what_is_wrong_with_the_index(
         else:
             stack.enter_context(index_locked(index))
             want = "locked by another program"
-        code, _out, err = await run_cli("inspect", "--data-dir", str(data_dir), *BRIEF_WAIT)
+        code, _out, err = await run_view("inspect", "--data-dir", str(data_dir), *BRIEF_WAIT)
         assert code == 1 and want in err and "Traceback" not in err, err
-        code, out, err = await run_cli("export", "--data-dir", str(data_dir), "trip")
+        code, out, err = await run_view("export", "--data-dir", str(data_dir), "trip")
         assert code == 0 and json.loads(out.splitlines()[0])["id"] == "u1", err
 
 
@@ -235,7 +309,7 @@ async def test_export_into_a_closed_pipe_exits_quietly(
         )
     for command in ("export", "inspect --limit 700 --json"):
         proc = await asyncio.create_subprocess_shell(
-            f"{shlex.quote(sys.executable)} -m host {command} --data-dir"
+            f"{shlex.quote(sys.executable)} -m hostview {command} --data-dir"
             f" {shlex.quote(str(data_dir))} s | head -c 10",
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
@@ -259,7 +333,7 @@ async def test_read_tools_refuse_a_transcript_that_is_no_regular_file(
         os.mkfifo(path)
     else:
         path.mkdir()
-    code, out, err = await run_cli("export", "--data-dir", str(data_dir), "odd")
+    code, out, err = await run_view("export", "--data-dir", str(data_dir), "odd")
     assert code == 1 and "not a regular file" in err and "Traceback" not in err, err
     assert "secret" not in out
 
@@ -274,7 +348,7 @@ async def test_inspect_shows_an_unreadable_checkpoint_as_such(
 ) -> None:
     await _conversation(client)
     (data_dir / "sessions" / "trip.inflight.json").write_bytes(body)
-    code, out, err = await run_cli("inspect", "--data-dir", str(data_dir), "trip")
+    code, out, err = await run_view("inspect", "--data-dir", str(data_dir), "trip")
     assert code == 0 and "checkpoint: unreadable checkpoint file" in out, err
     assert "Traceback" not in err
 
@@ -282,7 +356,8 @@ async def test_inspect_shows_an_unreadable_checkpoint_as_such(
 async def test_inspect_refuses_a_negative_page(client: Client, data_dir: Path) -> None:
     await _conversation(client)
     for option in ("--limit", "--before"):
-        code, out, err = await run_cli("inspect", "--data-dir", str(data_dir), "trip", option, "-3")
+        args = ("inspect", "--data-dir", str(data_dir), "trip", option, "-3")
+        code, out, err = await run_view(*args)
         assert code == 2 and "0 or more" in err and out == "", err
 
 

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import shutil
 import sqlite3
 from pathlib import Path
+from typing import Any
 
+import msgspec
+
+from host._intents import Change, Cut
 from tests.conftest import (
     Client,
     HostProcess,
@@ -118,3 +124,99 @@ async def test_verify_of_a_missing_dir_fails(tmp_path: Path) -> None:
     code, out = await _verify(tmp_path / "nowhere")
     assert code == 1, out
     assert not (tmp_path / "nowhere").exists()
+
+
+async def _left_by_a_dead_host(start_host: StartHost, data: Path) -> None:
+    """A data dir as a host that died leaves it, with work that only a start finishes.
+
+    - ``s``: a turn running, its reply in a checkpoint (a start ends the turn ``aborted``);
+    - ``c``: a regenerate recorded (its intent and archived payload on disk) but not yet
+      applied: the transcript still holds the reply it cuts (a start cuts it, restamps
+      the root and installs the manifest);
+    - ``gone``: the sidecar and the archive of a session whose transcript is gone.
+    """
+    host = await start_host(data)
+    c = host.client
+    assert c is not None
+    await c.handshake()
+    await c.call("session.create", sessionId="s")
+    await c.call("session.beginTurn", sessionId="s", turnId="t1", prompt=msg("q"))
+    await c.call(
+        "session.saveInflightMessage",
+        sessionId="s",
+        turnId="t1",
+        message=msg("a", "assistant", "a partial answer"),
+    )
+    await make_session(c, "c", 2)
+    before = transcript(data, "c").read_bytes()
+    await c.call("session.truncateFrom", sessionId="c", fromMessageId="m1")  # regenerate
+    assert await host.stop() == 0
+    # Back to the instant after the regenerate's record: payload written, manifest prepared
+    # (a temp file the intent names), intent recorded, transcript untouched.
+    restamped = transcript(data, "c").read_bytes().removesuffix(b"\n")
+    manifest = data / "revisions" / "c" / "m0" / "manifest.json"
+    prepared = manifest.with_name("manifest.json.0123456789ab.tmp")
+    manifest.rename(prepared)
+    transcript(data, "c").write_bytes(before)
+    change = Change("c", root_id="m0", manifest=prepared.name, cut=Cut(0, restamped.decode()))
+    (data / "sessions" / "c.intent.json").write_bytes(msgspec.json.encode(change))
+    (data / "sessions" / "gone.meta.json").write_bytes(b'{"title": "deleted"}')
+    (data / "revisions" / "gone" / "m0").mkdir(parents=True)
+    (data / "revisions" / "gone" / "m0" / "manifest.json").write_bytes(b'{"revisions": []}')
+
+
+def _state(data: Path) -> dict[str, Any]:
+    """The files under sessions/ and revisions/ and the index's rows, times left out."""
+    files: dict[str, Any] = {}
+    for path in sorted(p for d in ("sessions", "revisions") for p in (data / d).rglob("*")):
+        body: Any = path.read_bytes() if path.is_file() else None
+        if path.name.endswith(".turns.log"):
+            body = [{k: v for k, v in json.loads(r).items() if k != "at"} for r in body.split()]
+        files[str(path.relative_to(data))] = body
+    uri = f"file:{data / 'index.sqlite3'}?mode=ro"
+    with contextlib.closing(sqlite3.connect(uri, uri=True)) as db:
+        return {
+            "files": files,
+            "sessions": db.execute(
+                "SELECT session_id, title, line_count, byte_size, dirty FROM sessions ORDER BY 1"
+            ).fetchall(),
+            "messages": db.execute("SELECT * FROM messages ORDER BY 1, 2").fetchall(),
+            "turns": db.execute(
+                "SELECT session_id, turn_id, status FROM turns ORDER BY 1, 2"
+            ).fetchall(),
+        }
+
+
+async def test_repair_runs_the_recovery_of_a_start(
+    start_host: StartHost, data_dir: Path, tmp_path: Path
+) -> None:
+    """Found at 86ff206 (issue 33): ``verify --repair`` ran a recovery of its own.
+
+    It rebuilt the index from the transcripts but finished no intent, ended no running
+    turn and removed no leftover, then said the data dir was clean: the next start cut
+    a reply out of a transcript that verify had just called sound. Repair and start now
+    run one recovery: a repaired data dir is the one a start makes of the same files.
+    """
+    await _left_by_a_dead_host(start_host, data_dir)
+    twin = tmp_path / "twin"
+    shutil.copytree(data_dir, twin)
+    code, out = await _verify(data_dir, "--repair")
+    assert code == 0, out
+    started = await start_host(twin)  # start, recover, stop
+    assert started.client is not None
+    await started.client.handshake()
+    assert await started.stop() == 0
+    repaired = _state(data_dir)
+    assert repaired == _state(twin)
+    assert "sessions/c.intent.json" not in repaired["files"]
+    assert "sessions/gone.meta.json" not in repaired["files"]
+    assert [m[2] for m in repaired["messages"] if m[0] == "c"] == ["m0"]  # the reply cut
+    assert repaired["turns"] == [("s", "t1", "aborted")]
+    assert (await _verify(data_dir))[0] == 0
+    again = await start_host(data_dir)  # and the next start finds nothing to do
+    assert again.client is not None
+    await again.client.handshake()
+    assert await again.stop() == 0
+    assert "recovered 2 session(s): 0 reconciled" in again.log, again.log
+    assert "at start" not in again.log, again.log
+    assert _state(data_dir) == repaired

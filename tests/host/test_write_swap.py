@@ -61,7 +61,7 @@ def test_without_the_exchange_the_spare_is_renamed_over_the_file(tmp_path: Path,
 
 
 def test_a_file_a_reader_holds_is_never_overwritten_in_place(tmp_path: Path) -> None:
-    """A reader beside the host (``read_whole``, as ``host inspect`` reads) sees a whole file."""
+    """A reader beside the host (``read_whole``, as ``hostview inspect``) sees a whole file."""
     fs = FileSystem()
     swap(fs, tmp_path, b"one")
     swap(fs, tmp_path, b"two")

@@ -25,7 +25,7 @@ from outbox._drive import KILL_AFTER
 from outbox._driver import TurnDriver
 from outbox._pi import PiAgent
 from scripts.mock_llm import MockLLM, pi_config
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, run_cli, run_view
 from tests.outbox.kit import WAIT, spawned, stored
 
 PI = os.environ.get("HOSTCORE_PI")
@@ -178,7 +178,7 @@ async def test_a_prompt_pi_refuses_stops_drive_with_pi_s_reason(tmp_path: Path) 
         _out, err = await proc.communicate()
     assert proc.returncode == 2, err.decode()
     assert "pi refused the prompt" in err.decode() and "No API key" in err.decode()
-    _, out, _ = await run_cli("inspect", "--data-dir", str(data / "host"), "s0", "--json")
+    _, out, _ = await run_view("inspect", "--data-dir", str(data / "host"), "s0", "--json")
     seen = json.loads(out)
     assert [(t["status"]) for t in seen["turns"]] == ["error"]
     assert [m["role"] for m in seen["messages"]] == ["user"]
@@ -210,12 +210,12 @@ async def test_drive_with_pi_stores_every_turn_then_verify_finds_nothing_wrong(
     assert done["model"] == "mock/mock-1" and done["outboxPending"] == 0
     code, report, _ = await run_cli("verify", "--data-dir", str(data / "host"))
     assert code == 0, report
-    code, out_md, _ = await run_cli(
+    code, out_md, _ = await run_view(
         "export", "--data-dir", str(data / "host"), "s0", "--format", "markdown"
     )
     assert code == 0
     print(f"\n{report}\n{out_md}")  # make test-pi shows one live session as stored
-    code, dump, _ = await run_cli("export", "--data-dir", str(data / "host"), "s0")
+    code, dump, _ = await run_view("export", "--data-dir", str(data / "host"), "s0")
     rows = [json.loads(line) for line in dump.splitlines()]
     by_turn: dict[str, list[tuple[str, str, str]]] = {}
     for m in rows:
@@ -243,7 +243,7 @@ async def test_drive_with_pi_stores_every_turn_then_verify_finds_nothing_wrong(
     last = [m["text"] for m in mock.requests[-1]["messages"] if m["role"] == "user"]
     assert last[0] == "[text] Say something short about durable stores." and len(last) == 6
     # From the regenerate on, no request carried the reply it replaced.
-    code, revs, _ = await run_cli(
+    code, revs, _ = await run_view(
         "export", "--data-dir", str(data / "host"), "s0", "--with-revisions"
     )
     archived = [json.loads(line) for line in revs.splitlines() if '"revisionOf"' in line]

@@ -26,7 +26,7 @@ import pytest
 from outbox import HostClient, Journal, Outbox
 from outbox._driver import TurnDriver
 from outbox._pi import PiAgent
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, run_view
 from tests.outbox.kit import WAIT, spawned, stored
 
 FIXTURES = REPO / "tests" / "fixtures" / "pi-rpc"
@@ -132,7 +132,7 @@ class Rig:
         return outcome
 
     async def inspect(self) -> dict[str, Any]:
-        code, out, err = await run_cli(
+        code, out, err = await run_view(
             "inspect", "--data-dir", str(self.tmp / "host"), "s", "--json"
         )
         assert code == 0, err
