@@ -191,6 +191,7 @@ class Host:
         counters["index.batches"] = self.store.index.batches
         counters["fsyncs.onLoop"] = int(self.store.fsyncs.inline)
         counters["rewrites.copyFallbacks"] = self.store.fs.copy_fallbacks
+        counters["sidecars.setAside"] = self.store.fs.set_aside_count
         counters["connections.paused"] = self.stats.paused
         counters["calls.waiting"] = self.stats.waiting
         counters["calls.inline"] = self.stats.inline

@@ -291,6 +291,17 @@ LAYOUT_OUTRO = """
   `flock` on it and one on the data dir's folder itself, so that deleting or replacing
   `host.lock` under a live host lets no second host in.
 - Files are created 0600 and folders 0700 whatever the caller's umask; the socket is 0600.
+- A link, FIFO or folder where the host keeps one of its session files (a sync client or a
+  stray tool can plant one) is never followed, read or written through, and never stops
+  the host or another session: every file is opened `O_NOFOLLOW|O_NONBLOCK` and kept only
+  if it is a regular file. A turn log, checkpoint, spare or quarantine file found so,
+  at start or while serving, is renamed aside as `<name>.odd-<hex>` (logged as an error,
+  counted in `host.stats` as `sidecars.setAside`) and the host carries on with a file of
+  its own: the call that met it goes on and answers as usual. A turn log set aside takes
+  no turn with it: the turn table the index holds is kept and a new log begins with the
+  next turn change (that log's earlier history is then in the index alone). A checkpoint
+  set aside is no checkpoint; a spare set aside is replaced by the save that met it. So
+  is a folder where the start removes the files of a deleted session.
 """
 
 DURABILITY = """\
@@ -577,6 +588,8 @@ read and the write inside one hold of the lock instead:
   `truncations`, `checkpoints.*`, `recovery.*`, `transcripts.closed`,
   `connections.refused`, `rewrites.copyFallbacks`: ranges of a rewrite copied in user space
   where the kernel's `copy_file_range` refused, 0 on Linux file systems that support it;
+  `sidecars.setAside`: links, FIFOs and folders renamed aside where a session file belongs
+  (see [Storage layout](#storage-layout));
   `calls.inline`: calls that ended in the read callback that read them, their session
   idle; `calls.queued`: calls that had to wait for their session, a thread or the index,
   and went on as a task: the same way either, docs/design.md "One request pipeline")
