@@ -535,21 +535,34 @@ EXIT_DISK_FULL = 4
 """Exit status of a start the disk refused: full or failing. Nothing was changed."""
 EXIT_NOT_WRITABLE = 5
 """Exit status of a start on a data dir the host may not write: read-only, no permission."""
+EXIT_OS_ERROR = 6
+"""Exit status of a start any other ``OSError`` stopped (the line names it: a data dir
+path that is a file, a ``sessions`` that is no folder, a name too long, a file system that
+refuses a call). Nothing is set aside or removed for it."""
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG, errno.ENOMEM)
 _READ_ONLY_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
 def refuse_start(data_dir: str, exc: OSError | sqlite3.Error) -> int:
-    """Log why the disk refused the start, in one line; return the exit status.
+    """Log why the system refused the start, in one line; return the exit status.
 
-    Re-raises what is no disk trouble (a bug's traceback is worth keeping). Never damage:
-    the index is left where it is (see ``host._index.disk_trouble``).
+    Every ``OSError`` is one line and a documented status (issue 36: one the start did
+    not know gave a traceback and exit 1); its traceback goes to the debug log. Re-raises
+    an ``sqlite3.Error`` that is no disk trouble (a bug's traceback is worth keeping).
+    Never damage: the index is left where it is (see ``host._index.disk_trouble``).
     """
     if isinstance(exc, OSError):
         what = f"{errno.errorcode.get(exc.errno or 0, '?')}: {exc.strerror}: {exc.filename}"
         full = exc.errno in _FULL_ERRNOS
         if not full and exc.errno not in _READ_ONLY_ERRNOS:
-            raise exc
+            log.debug("the start's error", exc_info=exc)
+            log.error(
+                "cannot start on %s: %s; nothing was set aside or removed for it: fix what"
+                " it names and start again (--log-level debug shows where it came from)",
+                data_dir,
+                what,
+            )
+            return EXIT_OS_ERROR
         why = "read-only file system" if exc.errno == errno.EROFS else "no write permission"
     else:
         code = getattr(exc, "sqlite_errorcode", 0) & 0xFF

@@ -22,7 +22,17 @@ from pathlib import Path
 import msgspec
 import msgspec.inspect as mi
 
-from host import _errors, _index, _layout, _limits, _messages, _platform, _surrogates, _wire
+from host import (
+    _errors,
+    _index,
+    _layout,
+    _limits,
+    _messages,
+    _platform,
+    _server,
+    _surrogates,
+    _wire,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 OUTPUT = ROOT / "docs" / "protocol.md"
@@ -729,7 +739,12 @@ COMMAND_LINE = """\
   4 when the disk refused the start because it is full or failing (`ENOSPC`, `EDQUOT`,
   `EIO`; SQLite's `SQLITE_FULL`, `SQLITE_IOERR`): start again once there is space; 5 when
   the data dir cannot be written (`EROFS`, `EACCES`, `EPERM`; SQLite's `SQLITE_READONLY`,
-  `SQLITE_PERM`, `SQLITE_CANTOPEN`): make it writable and start again. Each refusal is one
+  `SQLITE_PERM`, `SQLITE_CANTOPEN`): make it writable and start again; @@EXIT_OS_ERROR@@ when
+  any other error of the operating system stopped the start (the line names its errno,
+  message and path: a data dir path that is a file, a `sessions` that is no folder, a name
+  too long, a file system that refuses a call): fix what it names and start again
+  (`--log-level debug` also logs where it came from); nothing is set aside or removed for
+  it, and what recovery mended before it stays mended. Each refusal is one
   line on stderr (no traceback) and changes nothing: a full disk or an I/O error is never
   taken for a damaged index, which is set aside only for damage (not SQLite, another
   schema, `SQLITE_CORRUPT`); @@EXIT_UNSUPPORTED@@ on a platform the host does not run on
@@ -957,6 +972,7 @@ def _subst(text: str) -> str:
         .replace("@@ID_PATTERN@@", _wire.ID_PATTERN)
         .replace("@@BUSY_TIMEOUT@@", f"{_index.BUSY_TIMEOUT:g}")
         .replace("@@EXIT_UNSUPPORTED@@", str(_platform.EXIT_UNSUPPORTED))
+        .replace("@@EXIT_OS_ERROR@@", str(_server.EXIT_OS_ERROR))
     )
 
 
