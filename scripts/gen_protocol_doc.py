@@ -698,7 +698,17 @@ LIMIT_ROWS = [
     (
         "socket connections",
         "@@MAX_CONNECTIONS@@, or half the spare descriptors",
-        "one `LIMIT_EXCEEDED` line (`id: null`, `data.limit`), then the connection is closed",
+        "one `LIMIT_EXCEEDED` line (`id: null`, `data.limit`), then end of file: the host"
+        " shuts its side and reads (and drops) what the client sends, so a client that wrote"
+        " its handshake at once reads the line, not a reset; close the connection then",
+    ),
+    (
+        "a refused connection",
+        "@@REFUSAL_WAIT@@ s and @@REFUSAL_READ@@ sent; @@REFUSALS_HELD@@ at once, or an eighth"
+        " of the spare descriptors",
+        "closed by the host when the client has not closed it within the time, or has sent"
+        " more; a refusal past as many held at once is closed as soon as its line is"
+        " written (a client that wrote meanwhile may then be reset)",
     ),
     (
         "a socket connection's handshake",
@@ -717,9 +727,10 @@ LIMITS_OUTRO = """
 *Spare descriptors*: the soft `RLIMIT_NOFILE`, which the host raises to its hard limit at
 start (macOS gives a desktop app's child 256 whatever the hard limit is), less a quarter of
 it or 64, whichever is fewer, kept for the index, the log and temporary files. Under
-`ulimit -n 256` that is 96 connections and 48 open transcripts, and 10,000 sessions are
-served in turn. `host.stats` counts `connections.refused` and `transcripts.closed`, and
-shows `connections.paused`, `calls.waiting` and `requests.heldBytes` as they are.
+`ulimit -n 256` that is 96 connections, 48 open transcripts and 24 refusals held, and
+10,000 sessions are served in turn. `host.stats` counts `connections.refused` and
+`transcripts.closed`, and shows `connections.paused`, `calls.waiting` and
+`requests.heldBytes` as they are.
 """
 
 
@@ -969,6 +980,9 @@ def _subst(text: str) -> str:
         .replace("@@MAX_CONNECTIONS@@", f"{_limits.MAX_CONNECTIONS:,}")
         .replace("@@OPEN_TRANSCRIPTS@@", f"{_limits.OPEN_TRANSCRIPTS:,}")
         .replace("@@HANDSHAKE_TIMEOUT@@", f"{_limits.HANDSHAKE_TIMEOUT:g}")
+        .replace("@@REFUSAL_WAIT@@", f"{_limits.REFUSAL_WAIT:g}")
+        .replace("@@REFUSAL_READ@@", _mib(_limits.REFUSAL_READ))
+        .replace("@@REFUSALS_HELD@@", f"{_limits.REFUSALS_HELD:,}")
         .replace("@@ID_PATTERN@@", _wire.ID_PATTERN)
         .replace("@@BUSY_TIMEOUT@@", f"{_index.BUSY_TIMEOUT:g}")
         .replace("@@EXIT_UNSUPPORTED@@", str(_platform.EXIT_UNSUPPORTED))
