@@ -311,7 +311,9 @@ LAYOUT_OUTRO = """
   no turn with it: the turn table the index holds is kept and a new log begins with the
   next turn change (that log's earlier history is then in the index alone). A checkpoint
   set aside is no checkpoint; a spare set aside is replaced by the save that met it. So
-  is a folder where the start removes the files of a deleted session.
+  is a folder where the start removes the files of a deleted session. A transcript or a
+  revision payload found so is the session's data and is not set aside: the call that
+  needs it answers `STORAGE_ERROR`.
 """
 
 DURABILITY = """\

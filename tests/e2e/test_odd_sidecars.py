@@ -231,3 +231,30 @@ async def test_a_folder_left_at_a_deleted_sessions_turn_log_does_not_stop_the_st
     (aside,) = (data_dir / "sessions").glob("gone.turns.log.odd-*")
     assert (aside / "notes.txt").read_bytes() == OUTSIDE
     assert _log_lines(data_dir, "gone") == [("t1", "running")]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link"])
+async def test_an_odd_revision_payload_is_an_error_never_a_hang_or_a_read_outside(
+    start_host: StartHost, data_dir: Path, tmp_path: Path, kind: str
+) -> None:
+    """A payload file the manifest names is read with a plain ``open``: a FIFO there held
+    ``listRevisions`` (and the host's stop after it) for good; a link was read through.
+    It is the archive's data, so it is not set aside: the call answers ``STORAGE_ERROR``."""
+    secret = tmp_path / "secret.jsonl"
+    secret.write_bytes(b'{"id":"x1","role":"assistant","content":"the user\'s own"}\n')
+    host, client = await _serving(start_host)
+    for sid in ("s", "other"):
+        await client.call("session.create", sessionId=sid)
+    await client.call("session.appendMessage", sessionId="s", message=msg("u1"))
+    await client.call("session.saveRevision", sessionId="s", rootId="u1", messages=[reply("x1")])
+    (payload,) = (data_dir / "revisions" / "s" / "u1").glob("*.jsonl")
+    _plant(payload, kind, secret)
+    listing = {"sessionId": "s", "rootId": "u1", "includeMessages": True}
+    async with asyncio.timeout(BOUND):
+        answer, _ = await asyncio.gather(
+            client.request("session.listRevisions", listing),
+            client.call("session.appendMessage", sessionId="other", message=msg("o1")),
+        )
+    assert answer["error"]["data"]["code"] == "STORAGE_ERROR", answer
+    assert "the user's own" not in json.dumps(answer)
+    await _stopped(host)
