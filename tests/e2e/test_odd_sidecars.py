@@ -131,6 +131,22 @@ async def test_an_odd_turn_log_while_serving_is_set_aside_and_the_turns_go_on(
 
 
 @pytest.mark.parametrize("kind", KINDS)
+async def test_an_odd_turn_log_planted_before_its_session_is_created_is_set_aside(
+    start_host: StartHost, data_dir: Path, outside: Path, kind: str
+) -> None:
+    host, client = await _serving(start_host)
+    await client.call("session.create", sessionId="other")
+    log = data_dir / "sessions" / "s.turns.log"
+    _plant(log, kind, outside)
+    assert await _both(client, ("session.create", {"sessionId": "s"})) is not None
+    await client.call("session.beginTurn", sessionId="s", turnId="t1", prompt=msg("u1"))
+    assert "set aside" in await _stopped(host)
+    _set_aside(log, kind)
+    assert _log_lines(data_dir, "s") == [("t1", "running")]
+    assert outside.read_bytes() == OUTSIDE
+
+
+@pytest.mark.parametrize("kind", KINDS)
 async def test_an_odd_checkpoint_spare_while_serving_is_set_aside_and_the_save_goes_on(
     start_host: StartHost, data_dir: Path, outside: Path, kind: str
 ) -> None:
