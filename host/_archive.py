@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 import aiofiles
 
 from host._errors import Conflict, StorageError
-from host._fs import FileSystem, NotRegularFile, read_regular, temp_name
+from host._fs import FileSystem, NotRegularFile, open_regular, read_regular, temp_name
 from host._layout import Layout, check_id, legal_id
 from host._messages import parse_stored
 
@@ -198,14 +198,15 @@ class Archive:
 
     def read(self, session_id: str, root_id: str, rev: Revision) -> list[bytes]:
         """Return the stored lines of one archived revision (``ArchiveDamaged`` if bad)."""
-        with open(os.path.join(self.folder(session_id, root_id), rev.file), "rb") as f:
-            data = f.read()
+        data = read_regular(os.path.join(self.folder(session_id, root_id), rev.file))
         return _lines(session_id, root_id, rev, data)
 
     async def read_async(self, session_id: str, root_id: str, rev: Revision) -> list[bytes]:
         """Stream one archived revision's payload (tens of MB) without blocking the loop."""
         path = os.path.join(self.folder(session_id, root_id), rev.file)
-        async with aiofiles.open(path, "rb") as f:
+        # The guarded open (a link is not read through, a FIFO cannot hold the thread), then
+        # the read on aiofiles' thread.
+        async with aiofiles.open(open_regular(path), "rb") as f:
             data = await f.read()
         return _lines(session_id, root_id, rev, data)
 

@@ -6,13 +6,12 @@ transcript as extra lines and never touches the index until it is promoted. Its 
 file is kept between saves (``<id>.inflight.spare``, :meth:`FileSystem.write_swap`):
 a reply streams many snapshots of one growing message, and reusing the file's blocks
 more than halves each replace. Whether a session has one, and whose message it holds, is
-kept on its :class:`~host._session.Session`, so an append pays no system call to check.
+kept on its :class:`~host._session.Session`, so an append pays no system call to check. A
+link, FIFO or folder at either file is set aside (``FileSystem.set_aside``): the checkpoint
+when it is first read, the spare by the save that meets it, which then goes on.
 """
 
 from __future__ import annotations
-
-import logging
-import os
 
 import msgspec
 from msgspec import Raw, Struct
@@ -22,8 +21,6 @@ from host._index import now_iso
 from host._layout import Layout
 from host._surrogates import decode
 from host._wire import Id
-
-log = logging.getLogger("host.checkpoints")
 
 
 class Checkpoint(Struct, rename="camel"):
@@ -64,10 +61,8 @@ class Checkpoints:
             data = read_regular(path)
         except FileNotFoundError:
             return None
-        except NotRegularFile as exc:  # a FIFO would block the loop; a folder fail every call
-            aside = f"{path}.odd-{os.urandom(3).hex()}"
-            self.fs.rename(path, aside)
-            log.error("session %s: %s (%s): moved to %s", session_id, path, exc.strerror, aside)
+        except NotRegularFile:  # a FIFO would block the loop; a folder fail every call
+            self.fs.set_aside(path)
             return None
         try:
             cp = decode(_DEC, data)
@@ -78,8 +73,7 @@ class Checkpoints:
 
     def read_raw(self, session_id: str) -> bytes:
         """Return the checkpoint file's bytes (to quarantine a corrupt one)."""
-        with open(self.layout.inflight(session_id), "rb") as f:
-            return f.read()
+        return read_regular(self.layout.inflight(session_id))
 
     def fill(self, session_id: str, turn_id: str, message: Raw) -> None:
         """Write the session's next checkpoint durably into its spare, not yet in place.

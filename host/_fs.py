@@ -14,12 +14,14 @@ import ctypes
 import errno
 import fcntl
 import functools
+import logging
 import os
 import stat
 from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias, TypeVar
 
 T = TypeVar("T")
+log = logging.getLogger("host.fs")
 Buffer: TypeAlias = bytes | memoryview
 """What the write calls take (msgspec's ``Raw`` is passed as a ``memoryview`` of it)."""
 FILE_MODE = 0o600
@@ -75,6 +77,8 @@ class FileSystem:
 
     copy_fallbacks = 0
     """Ranges :meth:`copy_range` copied in user space (``host.stats``: a regression shows)."""
+    set_aside_count = 0
+    """Entries :meth:`set_aside` renamed (``host.stats``: ``sidecars.setAside``)."""
 
     def sqlite(self, kind: str) -> None:
         """Called before every index read (``"read"``) and transaction (``"write"``).
@@ -92,12 +96,29 @@ class FileSystem:
         """
 
     def open(self, path: str, flags: int, mode: int = FILE_MODE) -> int:
-        """Open ``path`` and return its descriptor (created 0600).
+        """Open ``path`` and return its descriptor (created 0600): the one guarded open.
 
-        Never through a symlink (``O_NOFOLLOW``: ``ELOOP``): a link planted in the data dir
-        must not make the host append to, cut or overwrite a file outside it.
+        A regular file only (:func:`open_regular`), else :class:`NotRegularFile`: never
+        through a symlink (a link planted in the data dir must not make the host append
+        to, cut or overwrite a file outside it), never blocked by a FIFO (a blocking open
+        on the event loop hung every client and SIGTERM: issue 36).
         """
-        return os.open(path, flags | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
+        return open_regular(path, flags, mode)
+
+    def set_aside(self, path: str) -> str:
+        """Rename what sits at ``path`` to ``<path>.odd-<hex>`` and report it; return that.
+
+        For a link, FIFO or folder where the host keeps a file of its own: renamed, never
+        read, followed or deleted (a link is moved itself, not what it points to), so
+        the host can carry on with a file of its own there and the user keeps whatever it
+        was. Logged as an error and counted (``sidecars.setAside``).
+        """
+        what = _kind(path)
+        aside = f"{path}.odd-{os.urandom(3).hex()}"
+        self.rename(path, aside)
+        self.set_aside_count += 1
+        log.error("%s is %s, not a regular file: set aside as %s", path, what, aside)
+        return aside
 
     def close(self, fd: int) -> None:
         """Close a descriptor."""
@@ -195,11 +216,20 @@ class FileSystem:
         os.rename(src, dst)
 
     def unlink(self, path: str) -> bool:
-        """Remove a file; ``False`` when it was already gone."""
+        """Remove a file; ``False`` when it was already gone.
+
+        A folder where the host keeps a file (``EISDIR``; ``EPERM`` on macOS) is set aside
+        instead (:meth:`set_aside`): one planted where a deleted session's turn log was
+        stopped every start (issue 36). A link or FIFO is removed like a file: only its name.
+        """
         try:
             os.unlink(path)
         except FileNotFoundError:
             return False
+        except (IsADirectoryError, PermissionError):
+            if not stat.S_ISDIR(os.lstat(path).st_mode):
+                raise
+            self.set_aside(path)
         return True
 
     def mkdir(self, path: str) -> None:
@@ -261,7 +291,11 @@ class FileSystem:
         inspect`` takes a shared lock) keeps its bytes and a new file takes the name.
         Removed on a failure.
         """
-        fd = self.open(spare, os.O_WRONLY | os.O_CREAT)
+        try:
+            fd = self.open(spare, os.O_WRONLY | os.O_CREAT)
+        except NotRegularFile:  # never read, so nothing of it is lost: a new one is made
+            self.set_aside(spare)
+            fd = self.open(spare, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         if not _lock(fd):
             self.close(fd)
             self.unlink(spare)
@@ -380,27 +414,58 @@ def _lock(fd: int) -> bool:
     return True
 
 
+def _kind(path: str) -> str:
+    """What sits at ``path``, in words (for a log line)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return "gone"
+    for test, name in _KINDS:
+        if test(mode):
+            return name
+    return "a regular file"
+
+
+_KINDS = (
+    (stat.S_ISLNK, "a symlink"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a device"),
+    (stat.S_ISBLK, "a device"),
+)
+
+
 class NotRegularFile(OSError):
-    """Raised by :func:`open_regular` for a symlink, FIFO, folder or device."""
+    """Raised by :func:`open_regular` for a symlink, FIFO, folder, socket or device."""
 
 
-def open_regular(path: str, flags: int = os.O_RDONLY) -> int:
+# ELOOP: a link (O_NOFOLLOW); EISDIR: a folder opened to write; ENXIO: a FIFO opened to
+# write with no reader (O_NONBLOCK), or a socket; EOPNOTSUPP: a socket on some systems.
+_NOT_REGULAR = (errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.EOPNOTSUPP)
+
+
+def open_regular(path: str, flags: int = os.O_RDONLY, mode: int = FILE_MODE) -> int:
     """Open a file of the data dir, never through a symlink, never blocked by a FIFO.
 
-    A FIFO planted where the host reads a sidecar at start would hang the start (and a
-    signal with it); ``O_NONBLOCK`` keeps the open from waiting, and only a regular file is
-    kept. Raises ``FileNotFoundError`` when there is none (and ``flags`` do not create
-    one), :class:`NotRegularFile` when it is something else.
+    A FIFO planted where the host opens a file would hang the event loop (and a signal
+    with it); ``O_NONBLOCK`` keeps the open from waiting, and only a regular file is kept
+    (its descriptor then blocks as usual). Raises ``FileNotFoundError`` when there is none
+    (and ``flags`` do not create one), :class:`NotRegularFile` when it is something else.
     """
     try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, FILE_MODE)
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
     except OSError as exc:
-        if exc.errno not in (errno.ELOOP, errno.EISDIR):
+        if exc.errno not in _NOT_REGULAR:
             raise
-        raise NotRegularFile(exc.errno, "not a regular file", path) from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        raise NotRegularFile(exc.errno, f"{_kind(path)}, not a regular file", path) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularFile(errno.EINVAL, f"{_kind(path)}, not a regular file", path)
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    except BaseException:
         os.close(fd)
-        raise NotRegularFile(errno.EINVAL, "not a regular file", path)
+        raise
     return fd
 
 

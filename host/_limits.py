@@ -37,6 +37,11 @@ together, being read or in flight; a line that would pass it is dropped as it st
 and answered ``LIMIT_EXCEEDED``."""
 HANDSHAKE_TIMEOUT = 10.0
 """Seconds a socket connection may stay without a good handshake before it is closed."""
+REFUSAL_WAIT = 2.0
+"""Seconds a connection refused at the cap is kept, its line sent and the host's side shut,
+for the client to read the line and close; then it is closed."""
+REFUSAL_READ = 64 * 1024
+"""Bytes a refused connection may send meanwhile (read and dropped); past them it is closed."""
 
 # -- descriptors --------------------------------------------------------------------------
 
@@ -45,6 +50,9 @@ MAX_CONNECTIONS = 1_024
 OPEN_TRANSCRIPTS = 1_024
 """Transcripts kept open at once, at most (fewer when descriptors are scarce): the least
 recently used is closed and reopened when next needed."""
+REFUSALS_HELD = 64
+"""Refused connections kept for their client to read the refusal, at most (fewer when
+descriptors are scarce); one past them is closed as soon as its line is written."""
 RESERVED_FDS = 64
 """Descriptors left for the index, the log, rewrites' temp files and the loop itself."""
 
@@ -56,17 +64,20 @@ class Limits:
     max_connections: int = MAX_CONNECTIONS
     open_transcripts: int = OPEN_TRANSCRIPTS
     handshake_timeout: float = HANDSHAKE_TIMEOUT
+    refusals_held: int = REFUSALS_HELD
 
     @classmethod
     def for_descriptors(cls, nofile: int, handshake_timeout: float = HANDSHAKE_TIMEOUT) -> Limits:
         """Share ``nofile`` descriptors: a quarter (at most 64) kept back, half the rest for
         connections, a quarter for open transcripts, the last quarter for everything
-        transient (a rewrite's temp file, a checkpoint's spare, SQLite's journals)."""
+        transient (a rewrite's temp file, a checkpoint's spare, SQLite's journals), half
+        of which refused connections may hold while their clients read the refusal."""
         spare = nofile - min(RESERVED_FDS, nofile // 4)
         return cls(
             max_connections=max(1, min(MAX_CONNECTIONS, spare // 2)),
             open_transcripts=max(4, min(OPEN_TRANSCRIPTS, spare // 4)),
             handshake_timeout=handshake_timeout,
+            refusals_held=max(1, min(REFUSALS_HELD, spare // 8)),
         )
 
 

@@ -14,13 +14,12 @@ import datetime as dt
 import json
 import logging
 import os
-import stat
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from host._fs import FileSystem, on_thread, read_regular
+from host._fs import FileSystem, NotRegularFile, on_thread, read_regular
 from host._index import Index, Row, RowCache, SessionRow, now_iso
 from host._layout import SPARE, Layout
 from host._messages import Message, pager_json, parse_stored
@@ -128,12 +127,11 @@ def quarantine(store: Store, session_id: str, bad: list[tuple[int, int, bytes, s
     """Append bad bytes, with where they were and why, to the session's quarantine file."""
     fs = store.fs
     path = store.layout.quarantine(session_id)
-    if os.path.lexists(path) and not stat.S_ISREG(os.lstat(path).st_mode):
-        # A link, FIFO or folder: set aside itself (never what a link points to); a file is made.
-        aside = f"{path}.odd-{os.urandom(3).hex()}"
-        fs.rename(path, aside)
-        log.error("session %s: %s is not a regular file: moved to %s", session_id, path, aside)
-    fd = fs.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        fd = fs.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    except NotRegularFile:  # a link, FIFO or folder: set aside itself; a file is made
+        fs.set_aside(path)
+        fd = fs.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND)
     try:
         for line, off, raw, why in bad:
             rec = {
@@ -323,11 +321,18 @@ async def reconcile_turns(store: Store, session_id: str, row: SessionRow | None)
     the commits that held it), unless the log is not the one the index saw.
     """
     held = row.turns_size if row is not None else 0
-    size = store.turnlog.size(session_id)  # one lstat, like the transcript's: no thread hop
-    if size == held and row is not None:
+    try:
+        size = store.turnlog.size(session_id)  # one lstat, like the transcript's: no thread hop
+        if size == held and row is not None:
+            return
+        whole = size < held or row is None
+        records, end = await on_thread(store.turnlog.read, session_id, 0 if whole else held)
+    except NotRegularFile:
+        # A link, FIFO or folder (issue 36: it stopped every start). Set aside; the turns the
+        # index holds are kept (nothing else has them now), and the next change starts a log.
+        store.turnlog.set_aside(session_id)
+        await store.index.record_turns(session_id, [], 0)
         return
-    whole = size < held or row is None
-    records, end = await on_thread(store.turnlog.read, session_id, 0 if whole else held)
     await store.index.record_turns(session_id, records, end, whole=whole)
     log.info("session %s: %d turn change(s) replayed from its log", session_id, len(records))
 

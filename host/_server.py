@@ -33,6 +33,8 @@ from host._limits import (
     ANSWERS_RESUME,
     ANSWERS_WAITING,
     HANDSHAKE_TIMEOUT,
+    REFUSAL_READ,
+    REFUSAL_WAIT,
     Limits,
     raise_nofile,
 )
@@ -435,19 +437,53 @@ class _Client(_Sender, LineReader):
 
 
 class _Refusal(asyncio.Protocol):
-    """A connection past the cap: one error line, then closed."""
+    """A connection past the cap: one error line, then end of file.
 
-    def __init__(self, cap: int) -> None:
+    The host's side is shut once the line is written (``write_eof``) and what the client
+    sends meanwhile is read and dropped, so the client reads the line and then the end.
+    Closing at once, with the handshake every client writes on connecting unread, reset
+    the connection: Node's ``net.Socket`` got ``EPIPE`` and dropped the line unread, Python
+    read ``ECONNRESET`` after it (issue 36). It is closed when the client closes, or after
+    :data:`REFUSAL_WAIT` seconds or :data:`REFUSAL_READ` bytes. ``held`` is the listener's
+    set of such refusals; ``None`` (already ``refusals_held`` of them) closes at once.
+    """
+
+    def __init__(self, cap: int, held: set[_Refusal] | None) -> None:
         self.cap = cap
+        self.held = held
+        if held is not None:  # counted at once, like a client: a burst is accepted in one go
+            held.add(self)
+        self.transport: Any = None
+        self.read = 0
+        self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: Any) -> None:
+        self.transport = transport
         err = LimitExceeded(
             f"too many connections: the host serves {self.cap} at once; try again later",
             limit=self.cap,
         )
         transport.write(ENCODER.encode({"jsonrpc": "2.0", "id": None, "error": err.to_object()}))
         transport.write(b"\n")
-        transport.close()  # once the line is written
+        if self.held is None or transport.is_closing():
+            transport.close()  # once the line is written
+            return
+        transport.write_eof()  # once the line is written: the client reads it, then the end
+        self._timer = asyncio.get_running_loop().call_later(REFUSAL_WAIT, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        self.read += len(data)
+        if self.read > REFUSAL_READ:
+            self.transport.close()
+
+    def eof_received(self) -> bool:
+        return False  # the client is done: the transport closes
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.held is not None:
+            self.held.discard(self)
+        if self._timer is not None:
+            self._timer.cancel()
 
 
 def _clear_stale_socket(path: str) -> None:
@@ -481,6 +517,7 @@ class _Listener:
         self.path = path
         self.clients: set[asyncio.Task[None]] = set()
         self.connections = 0  # accepted and not yet done (the cap's count)
+        self.refusals: set[_Refusal] = set()  # refused, held for their clients to read
         self.host: Host | None = None
         self.server: asyncio.AbstractServer | None = None
         self.ident: tuple[int, int] | None = None
@@ -505,7 +542,8 @@ class _Listener:
         if self.connections >= cap:
             self.host.registry.count("connections.refused")
             log.warning("a connection refused: %d are served already", cap)
-            return _Refusal(cap)
+            room = len(self.refusals) < self.host.limits.refusals_held
+            return _Refusal(cap, self.refusals if room else None)
         return _Client(self.host, self.clients, self)
 
     async def serve(self, host: Host) -> None:
@@ -524,6 +562,9 @@ class _Listener:
         """Stop listening and remove the path if it is still this socket (idempotent)."""
         if self.server is not None:
             self.server.close()
+        for refusal in list(self.refusals):
+            if refusal.transport is not None:
+                refusal.transport.close()
         with contextlib.suppress(OSError):
             st = os.stat(self.path)
             if (st.st_dev, st.st_ino) == self.ident:
@@ -535,21 +576,34 @@ EXIT_DISK_FULL = 4
 """Exit status of a start the disk refused: full or failing. Nothing was changed."""
 EXIT_NOT_WRITABLE = 5
 """Exit status of a start on a data dir the host may not write: read-only, no permission."""
+EXIT_OS_ERROR = 6
+"""Exit status of a start any other ``OSError`` stopped (the line names it: a data dir
+path that is a file, a ``sessions`` that is no folder, a name too long, a file system that
+refuses a call). Nothing is set aside or removed for it."""
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG, errno.ENOMEM)
 _READ_ONLY_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
 def refuse_start(data_dir: str, exc: OSError | sqlite3.Error) -> int:
-    """Log why the disk refused the start, in one line; return the exit status.
+    """Log why the system refused the start, in one line; return the exit status.
 
-    Re-raises what is no disk trouble (a bug's traceback is worth keeping). Never damage:
-    the index is left where it is (see ``host._index.disk_trouble``).
+    Every ``OSError`` is one line and a documented status (issue 36: one the start did
+    not know gave a traceback and exit 1); its traceback goes to the debug log. Re-raises
+    an ``sqlite3.Error`` that is no disk trouble (a bug's traceback is worth keeping).
+    Never damage: the index is left where it is (see ``host._index.disk_trouble``).
     """
     if isinstance(exc, OSError):
         what = f"{errno.errorcode.get(exc.errno or 0, '?')}: {exc.strerror}: {exc.filename}"
         full = exc.errno in _FULL_ERRNOS
         if not full and exc.errno not in _READ_ONLY_ERRNOS:
-            raise exc
+            log.debug("the start's error", exc_info=exc)
+            log.error(
+                "cannot start on %s: %s; nothing was set aside or removed for it: fix what"
+                " it names and start again (--log-level debug shows where it came from)",
+                data_dir,
+                what,
+            )
+            return EXIT_OS_ERROR
         why = "read-only file system" if exc.errno == errno.EROFS else "no write permission"
     else:
         code = getattr(exc, "sqlite_errorcode", 0) & 0xFF

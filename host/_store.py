@@ -434,4 +434,5 @@ class Registry:
             "index.batches": self.index.batches,
             "fsyncs.onLoop": int(self.fsyncs.inline),
             "rewrites.copyFallbacks": self.fs.copy_fallbacks,
+            "sidecars.setAside": self.fs.set_aside_count,
         }

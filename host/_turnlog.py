@@ -16,17 +16,24 @@ A ``beginTurn`` with a prompt logs the turn with its prompt's id first, then app
 prompt. A start that finds a running turn whose prompt is not in the transcript (the
 host died between the two) logs it ``void`` and forgets it: the call left nothing, as
 if it had never run.
+
+Every open is the guarded one (``FileSystem.open``). A link, FIFO or folder at a log is
+set aside (``.odd-<hex>``, reported) and a fresh log started: while serving by the change
+that meets it, at start by :func:`host._recovery.reconcile_turns`, which keeps the turns the
+index holds (issue 36: a FIFO there hung the host, one at start stopped every start).
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import stat
 from typing import Literal
 
 import msgspec
 
-from host._fs import FileSystem, open_regular
+from host._fs import FileSystem, NotRegularFile
 from host._layout import Layout
 from host._transcript import iter_lines
 
@@ -68,7 +75,9 @@ class TurnLog:
         created = False
         try:
             fd = fs.open(path, os.O_WRONLY | os.O_APPEND)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotRegularFile) as exc:
+            if isinstance(exc, NotRegularFile):  # the index keeps the turns it had
+                fs.set_aside(path)
             fd = fs.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL)
             created = True
         line = _encode(record) + b"\n"
@@ -98,27 +107,45 @@ class TurnLog:
 
     def create(self, session_id: str) -> None:
         """Make an empty log for a new session (its folder is fsynced by the caller)."""
-        fd = self.fs.open(self._path(session_id), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        path = self._path(session_id)
+        try:
+            fd = self.fs.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        except NotRegularFile:
+            self.fs.set_aside(path)
+            fd = self.fs.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         try:
             self.fs.fsync(fd)
         finally:
             self.fs.close(fd)
 
     def size(self, session_id: str) -> int:
-        """The log's size; 0 when there is none."""
+        """The log's size; 0 when there is none, :class:`NotRegularFile` when it is no file.
+
+        One ``lstat``: a link's size is its target's name's, a folder's its blocks', so
+        either looked like a grown log.
+        """
+        path = self._path(session_id)
         try:
-            return os.lstat(self._path(session_id)).st_size
+            st = os.lstat(path)
         except FileNotFoundError:
             return 0
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(errno.EINVAL, "not a regular file", path)
+        return st.st_size
+
+    def set_aside(self, session_id: str) -> None:
+        """Rename a log that is no regular file aside; the next change starts a new one."""
+        self.fs.set_aside(self._path(session_id))
 
     def read(self, session_id: str, offset: int = 0) -> tuple[list[TurnRecord], int]:
         """The records from ``offset`` on, and the size of the whole lines read.
 
         A torn last line (no newline) is cut off: it was never answered. A line that is
         not a record (edited by hand) is logged and skipped; the file keeps its bytes.
+        :class:`NotRegularFile` when the log is no regular file.
         """
         try:
-            fd = open_regular(self._path(session_id), os.O_RDWR)
+            fd = self.fs.open(self._path(session_id), os.O_RDWR)
         except FileNotFoundError:
             return [], 0
         try:
@@ -138,4 +165,4 @@ class TurnLog:
                     )
             return records, end
         finally:
-            os.close(fd)
+            self.fs.close(fd)

@@ -22,7 +22,17 @@ from pathlib import Path
 import msgspec
 import msgspec.inspect as mi
 
-from host import _errors, _index, _layout, _limits, _messages, _platform, _surrogates, _wire
+from host import (
+    _errors,
+    _index,
+    _layout,
+    _limits,
+    _messages,
+    _platform,
+    _server,
+    _surrogates,
+    _wire,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 OUTPUT = ROOT / "docs" / "protocol.md"
@@ -291,6 +301,19 @@ LAYOUT_OUTRO = """
   `flock` on it and one on the data dir's folder itself, so that deleting or replacing
   `host.lock` under a live host lets no second host in.
 - Files are created 0600 and folders 0700 whatever the caller's umask; the socket is 0600.
+- A link, FIFO or folder where the host keeps one of its session files (a sync client or a
+  stray tool can plant one) is never followed, read or written through, and never stops
+  the host or another session: every file is opened `O_NOFOLLOW|O_NONBLOCK` and kept only
+  if it is a regular file. A turn log, checkpoint, spare or quarantine file found so,
+  at start or while serving, is renamed aside as `<name>.odd-<hex>` (logged as an error,
+  counted in `host.stats` as `sidecars.setAside`) and the host carries on with a file of
+  its own: the call that met it goes on and answers as usual. A turn log set aside takes
+  no turn with it: the turn table the index holds is kept and a new log begins with the
+  next turn change (that log's earlier history is then in the index alone). A checkpoint
+  set aside is no checkpoint; a spare set aside is replaced by the save that met it. So
+  is a folder where the start removes the files of a deleted session. A transcript or a
+  revision payload found so is the session's data and is not set aside: the call that
+  needs it answers `STORAGE_ERROR`.
 """
 
 DURABILITY = """\
@@ -577,6 +600,8 @@ read and the write inside one hold of the lock instead:
   `truncations`, `checkpoints.*`, `recovery.*`, `transcripts.closed`,
   `connections.refused`, `rewrites.copyFallbacks`: ranges of a rewrite copied in user space
   where the kernel's `copy_file_range` refused, 0 on Linux file systems that support it;
+  `sidecars.setAside`: links, FIFOs and folders renamed aside where a session file belongs
+  (see [Storage layout](#storage-layout));
   `calls.inline`: calls that ended in the read callback that read them, their session
   idle; `calls.queued`: calls that had to wait for their session, a thread or the index,
   and went on as a task: the same way either, docs/design.md "One request pipeline")
@@ -675,7 +700,17 @@ LIMIT_ROWS = [
     (
         "socket connections",
         "@@MAX_CONNECTIONS@@, or half the spare descriptors",
-        "one `LIMIT_EXCEEDED` line (`id: null`, `data.limit`), then the connection is closed",
+        "one `LIMIT_EXCEEDED` line (`id: null`, `data.limit`), then end of file: the host"
+        " shuts its side and reads (and drops) what the client sends, so a client that wrote"
+        " its handshake at once reads the line, not a reset; close the connection then",
+    ),
+    (
+        "a refused connection",
+        "@@REFUSAL_WAIT@@ s and @@REFUSAL_READ@@ sent; @@REFUSALS_HELD@@ at once, or an eighth"
+        " of the spare descriptors",
+        "closed by the host when the client has not closed it within the time, or has sent"
+        " more; a refusal past as many held at once is closed as soon as its line is"
+        " written (a client that wrote meanwhile may then be reset)",
     ),
     (
         "a socket connection's handshake",
@@ -694,9 +729,10 @@ LIMITS_OUTRO = """
 *Spare descriptors*: the soft `RLIMIT_NOFILE`, which the host raises to its hard limit at
 start (macOS gives a desktop app's child 256 whatever the hard limit is), less a quarter of
 it or 64, whichever is fewer, kept for the index, the log and temporary files. Under
-`ulimit -n 256` that is 96 connections and 48 open transcripts, and 10,000 sessions are
-served in turn. `host.stats` counts `connections.refused` and `transcripts.closed`, and
-shows `connections.paused`, `calls.waiting` and `requests.heldBytes` as they are.
+`ulimit -n 256` that is 96 connections, 48 open transcripts and 24 refusals held, and
+10,000 sessions are served in turn. `host.stats` counts `connections.refused` and
+`transcripts.closed`, and shows `connections.paused`, `calls.waiting` and
+`requests.heldBytes` as they are.
 """
 
 
@@ -716,7 +752,12 @@ COMMAND_LINE = """\
   4 when the disk refused the start because it is full or failing (`ENOSPC`, `EDQUOT`,
   `EIO`; SQLite's `SQLITE_FULL`, `SQLITE_IOERR`): start again once there is space; 5 when
   the data dir cannot be written (`EROFS`, `EACCES`, `EPERM`; SQLite's `SQLITE_READONLY`,
-  `SQLITE_PERM`, `SQLITE_CANTOPEN`): make it writable and start again. Each refusal is one
+  `SQLITE_PERM`, `SQLITE_CANTOPEN`): make it writable and start again; @@EXIT_OS_ERROR@@ when
+  any other error of the operating system stopped the start (the line names its errno,
+  message and path: a data dir path that is a file, a `sessions` that is no folder, a name
+  too long, a file system that refuses a call): fix what it names and start again
+  (`--log-level debug` also logs where it came from); nothing is set aside or removed for
+  it, and what recovery mended before it stays mended. Each refusal is one
   line on stderr (no traceback) and changes nothing: a full disk or an I/O error is never
   taken for a damaged index, which is set aside only for damage (not SQLite, another
   schema, `SQLITE_CORRUPT`); @@EXIT_UNSUPPORTED@@ on a platform the host does not run on
@@ -944,9 +985,13 @@ def _subst(text: str) -> str:
         .replace("@@MAX_CONNECTIONS@@", f"{_limits.MAX_CONNECTIONS:,}")
         .replace("@@OPEN_TRANSCRIPTS@@", f"{_limits.OPEN_TRANSCRIPTS:,}")
         .replace("@@HANDSHAKE_TIMEOUT@@", f"{_limits.HANDSHAKE_TIMEOUT:g}")
+        .replace("@@REFUSAL_WAIT@@", f"{_limits.REFUSAL_WAIT:g}")
+        .replace("@@REFUSAL_READ@@", _mib(_limits.REFUSAL_READ))
+        .replace("@@REFUSALS_HELD@@", f"{_limits.REFUSALS_HELD:,}")
         .replace("@@ID_PATTERN@@", _wire.ID_PATTERN)
         .replace("@@BUSY_TIMEOUT@@", f"{_index.BUSY_TIMEOUT:g}")
         .replace("@@EXIT_UNSUPPORTED@@", str(_platform.EXIT_UNSUPPORTED))
+        .replace("@@EXIT_OS_ERROR@@", str(_server.EXIT_OS_ERROR))
     )
 
 

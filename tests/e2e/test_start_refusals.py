@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -125,3 +126,58 @@ async def test_a_read_only_data_dir_is_refused_in_a_line(
         _remount(small_disk, "rw")
     assert _files(data) == before
     await _served_as_before(start_host, data)
+
+
+OTHER = 6  # exit status: any other error of the operating system at start
+
+
+def _sessions_a_file(data: Path) -> Path:
+    (data / "sessions").rmdir()  # empty: built by a host that stopped
+    (data / "sessions").write_bytes(b"a user's file where the sessions folder was\n")
+    return data
+
+
+def _data_dir_a_file(data: Path) -> Path:
+    (data.parent / "file").write_bytes(b"not a folder\n")
+    return data.parent / "file"
+
+
+def _name_too_long(data: Path) -> Path:
+    return data / ("x" * 300)
+
+
+SETUPS: dict[str, Callable[[Path], Path]] = {
+    "ENOTDIR": _sessions_a_file,
+    "EEXIST": _data_dir_a_file,
+    "ENAMETOOLONG": _name_too_long,
+}
+
+
+@pytest.mark.parametrize("errno_name", sorted(SETUPS))
+async def test_any_other_os_error_at_start_is_one_line_and_a_documented_status(
+    start_host: StartHost, data_dir: Path, errno_name: str
+) -> None:
+    """Issue 36, case 3: an ``OSError`` the start did not classify (seen: a file system
+    whose ``ftruncate`` of ``host.lock`` gave ``ENOENT``) left a traceback and exit 1."""
+    host = await start_host()
+    assert host.client is not None
+    await host.client.handshake()
+    assert await host.stop() == 0
+    data = SETUPS[errno_name](data_dir)
+    before = _tree(data_dir.parent)
+    host = await start_host(data)
+    assert await host.wait() == OTHER, host.log
+    lines = host.log.splitlines()
+    assert len(lines) == 1 and " ERROR " in lines[0] and errno_name in lines[0], host.log
+    assert f"cannot start on {data}" in lines[0], host.log
+    assert _tree(data_dir.parent) == before
+
+
+def _tree(folder: Path) -> dict[str, bytes | None]:
+    """Every entry under ``folder``, a file's bytes or ``None``: but the hosts' logs, the pid
+    in ``host.lock`` and SQLite's own files (its WAL may be checkpointed at an open)."""
+    return {
+        str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None
+        for p in folder.rglob("*")
+        if not p.name.endswith(".stderr.log") and not p.name.startswith(("index.", "host.lock"))
+    }
