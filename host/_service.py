@@ -217,12 +217,12 @@ async def _in_turn(handler: Handler, params: Any, tickets: list[Ticket], ticket:
 
 async def recover_data_dir(registry: Registry, *, full: bool = False) -> Report:
     """Start-up recovery, the one path (``serve`` and ``verify --repair`` alike): leftovers
-    removed, recorded changes made, transcripts reconciled with the index, every session
-    registered, running turns ended, archives swept. ``full`` rescans every transcript."""
+    removed, recorded changes made, transcripts reconciled with the index, running turns
+    ended, every session registered, archives swept. ``full`` rescans every transcript."""
     await on_thread(registry.remove_leftovers)  # before anything reads them
     changed = await on_thread(registry.finish_recorded)
     report = await recover(registry, full=full, rescan=set(changed))
-    await registry.register_all()
     await registry.settle_turns()
+    await registry.register_all()
     await on_thread(registry.sweep_archives)
     return report

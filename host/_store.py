@@ -119,6 +119,8 @@ class Registry:
         for sid in self.layout.sidecar_ids(".inflight.json"):
             if (s := self.sessions.get(sid)) is not None:
                 s.has_checkpoint = True
+        if n := len(self.with_checkpoints()):
+            log.info("%d checkpoint(s) wait for session.recoverInflightMessages", n)
 
     def finish_recorded(self) -> list[str]:
         """Make the changes a dead host recorded (start, before reconciliation); return
@@ -152,8 +154,6 @@ class Registry:
             await self.record_turn(sid, tid, "aborted")
             log.warning("session %s: turn %s was running at start: now aborted", sid, tid)
             self.count("recovery.turns_aborted")
-        if n := len(self.with_checkpoints()):
-            log.info("%d checkpoint(s) wait for session.recoverInflightMessages", n)
 
     def sweep_archives(self) -> None:
         """Drop archives of deleted sessions and payloads no manifest names (blocking)."""
@@ -421,9 +421,10 @@ class Registry:
         try:
             await self.index.record_turns(session_id, [rec], after)
         except Exception as exc:
+            if (s := self.sessions.get(session_id)) is None:
+                raise  # start: the next start replays it from the log
             log.error("session %s: the index did not follow a turn change: %s", session_id, exc)
-            if (s := self.sessions.get(session_id)) is not None:
-                s.lags()
+            s.lags()
 
     def counters_now(self) -> dict[str, int]:
         """The registry's counters for ``host.stats``."""

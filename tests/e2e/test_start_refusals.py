@@ -1,7 +1,8 @@
 """A start on a disk the host cannot write: full, failing or read-only (issue 26, 10 and 12).
 
 The host exits with a documented status and one line on stderr (no traceback), and
-changes nothing: a full disk or an I/O error is not damage, so the index (and its turn
+changes nothing but what recovery rolls forward (a turn left running is logged ended
+before the index takes it): a full disk or an I/O error is not damage, so the index (and its turn
 table, which nothing else holds) is never set aside for it. Once the disk is writable
 again the next start serves everything as it was. A real file system each time: a small
 tmpfs filled with ballast, or remounted read-only (both need root; skipped elsewhere). A
@@ -45,8 +46,20 @@ async def _build(start_host: StartHost, data: Path, *, kill: bool) -> None:
 
 
 def _files(data: Path) -> dict[str, bytes]:
-    """The transcripts and their sidecars (SQLite may checkpoint its own files meanwhile)."""
-    return disk_state(data)
+    """The transcripts and their sidecars (SQLite may checkpoint its own files meanwhile).
+
+    A turn log is taken up to its last line but recovery's own: a start that ends a turn
+    left running logs it first (the log is the commit, made again by every start until
+    the index takes it), and a full disk may refuse the start only after that.
+    """
+    out = disk_state(data)
+    for name, body in out.items():
+        if name.endswith(".turns.log"):
+            lines = body.splitlines(keepends=True)
+            while lines and b'"aborted"' in lines[-1]:
+                lines.pop()
+            out[name] = b"".join(lines)
+    return out
 
 
 def _fill(disk: Path) -> Path:
