@@ -25,7 +25,15 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Client, HostProcess, StartHost, get_messages, msg, run_cli
+from tests.conftest import (
+    Client,
+    HostProcess,
+    StartHost,
+    get_messages,
+    msg,
+    run_cli,
+    run_view,
+)
 from tests.e2e.turnkit import reply
 
 KINDS = ["fifo", "folder", "link"]
@@ -89,7 +97,7 @@ async def _stopped(host: HostProcess) -> str:
 
 
 async def _turns(data: Path, sid: str) -> list[tuple[str, str]]:
-    code, out, err = await run_cli("inspect", "--data-dir", str(data), sid, "--json")
+    code, out, err = await run_view("inspect", "--data-dir", str(data), sid, "--json")
     assert code == 0, err
     return [(t["turnId"], t["status"]) for t in json.loads(out)["turns"]]
 
