@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from outbox._pi import PiAgent, PiError, PiProcess
+from outbox._pi import PiAgent, PiError, PiProcess, Unreadable
 
 
 def program(code: str) -> list[str]:
@@ -20,11 +20,11 @@ def program(code: str) -> list[str]:
 async def lines_of(proc: PiProcess) -> list[object]:
     out = []
     while (ev := await proc.next()) is not None:
-        out.append(ev.get("type"))
+        out.append("(unreadable)" if isinstance(ev, Unreadable) else ev.get("type"))
     return out
 
 
-async def test_a_line_over_the_limit_is_skipped_and_reading_goes_on(
+async def test_a_line_over_the_limit_or_not_json_holds_its_place_and_reading_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("outbox._pi.LINE_LIMIT", 4096)  # 256 MiB, made small
@@ -37,7 +37,7 @@ async def test_a_line_over_the_limit_is_skipped_and_reading_goes_on(
         'w(\'{"type": "after"}\\n\')\n'
     )
     proc = await PiProcess.start(program(code), cwd=str(tmp_path), env={}, stderr_path=None)
-    assert await lines_of(proc) == ["before", "text", "after"]
+    assert await lines_of(proc) == ["before", "(unreadable)", "(unreadable)", "text", "after"]
     assert await proc.close() == 0
 
 
