@@ -25,6 +25,7 @@ import msgspec
 from msgspec import UNSET, Raw, Struct, UnsetType
 
 from outbox._files import fsync_dir, write_all, write_new
+from outbox._read import read
 from outbox._rows import RowRefused, refusal
 
 log = logging.getLogger("outbox.journal")
@@ -53,23 +54,6 @@ COMPACT_AFTER = 4096  # acknowledged entries before an idle journal is rewritten
 
 
 _CRC = b',"crc":'
-
-
-MAX_DEPTH = 256
-"""How deep a message may nest. The host's decoder stops where the stack does, a few
-levels nearer for a row inside a batch line: a row near that line would be refused with
-its whole batch, every time, and hold every later row back."""
-
-
-def _depth(value: Any) -> int:
-    """How deeply ``value`` nests lists and objects (without recursion)."""
-    deepest, todo = 0, [(value, 1)]
-    while todo:
-        v, d = todo.pop()
-        if isinstance(v, dict | list):
-            deepest = max(deepest, d)
-            todo.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
-    return deepest
 
 
 def _sealed(obj: bytes) -> bytes:
@@ -129,8 +113,8 @@ class Journal:
             raw, at, pos = data[pos:nl], pos, nl + 1
             try:
                 raw.decode("utf-8")
-                line = _DEC.decode(_checked(raw))
-            except (msgspec.MsgspecError, ValueError):
+                line = read(_DEC, _checked(raw))  # a half surrogate pair is the host's JSON
+            except (msgspec.MsgspecError, ValueError, RecursionError):
                 bad += 1
                 damaged.append(raw)
                 log.error("journal: unreadable entry at byte %d skipped", at)
@@ -180,17 +164,10 @@ class Journal:
     async def append(self, session_id: str, message: bytes, turn_id: str | None) -> Entry:
         """Write one entry and return once it is durable.
 
-        ``ValueError`` (:class:`RowRefused` for a row the host would refuse) before anything
-        is written: in the journal such a row would be sent, and refused, at every drain.
+        :class:`RowRefused` (a ``ValueError``) for a row the host would refuse, or the client
+        could not read back, before anything is written: in the journal such a row would be
+        sent, and refused, at every drain.
         """
-        # The host would refuse the whole batch line (PARSE_ERROR, answering none of it).
-        message.decode("utf-8")
-        try:
-            value = msgspec.json.decode(message)  # what the client must decode back too
-        except (msgspec.DecodeError, RecursionError) as exc:  # 1e999 is JSON, not readable
-            raise ValueError(f"message is not JSON the host and client can read: {exc}") from None
-        if _depth(value) > MAX_DEPTH:
-            raise ValueError(f"message nests deeper than {MAX_DEPTH} levels")
         if (reason := refusal(session_id, message, turn_id)) is not None:
             raise RowRefused(f"row refused, the host could never store it: {reason}")
         entry = Entry(self.next_seq, session_id, Raw(message), turn_id)

@@ -30,7 +30,7 @@ from tests.conftest import REPO
 WAIT = 20.0  # the bound of every wait in these tests (pytest-timeout is the outer guard)
 CAPTURES = REPO / "tests" / "fixtures" / "pi-rpc"  # pi 0.73.1's own stdout (README there)
 FAKE_PI = REPO / "tests" / "outbox" / "fake_pi.py"
-CODES = {"NOT_FOUND": -32004, "STORAGE_ERROR": -32007}
+CODES = {"NOT_FOUND": -32004, "STORAGE_ERROR": -32007, "PARSE_ERROR": -32700}
 
 
 async def until(cond: Callable[[], object], what: str, timeout: float = WAIT) -> None:
