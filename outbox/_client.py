@@ -31,6 +31,7 @@ from typing import Any
 
 import msgspec
 
+from outbox._files import open_append
 from outbox._read import deep, read
 
 log = logging.getLogger("outbox.client")
@@ -92,7 +93,7 @@ class HostClient:
         cls, data_dir: str, *, log_path: str | None = None, deadline: float = DEFAULT_DEADLINE
     ) -> HostClient:
         """Start ``python -m host serve --data-dir`` and connect over its pipes."""
-        stderr = open(log_path, "ab") if log_path else None  # noqa: SIM115 - child owns it
+        stderr = open_append(log_path) if log_path else None  # never a link's or FIFO's
         try:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable,
@@ -112,8 +113,8 @@ class HostClient:
                 start_new_session=True,
             )
         finally:
-            if stderr:
-                stderr.close()
+            if stderr is not None:
+                os.close(stderr)
         assert proc.stdout is not None and proc.stdin is not None
         writer = proc.stdin
         return cls(proc.stdout, writer, proc, deadline, (data_dir, log_path))

@@ -10,8 +10,9 @@ its stderr goes to ``DIR/pi.log``. The connect sequence is handshake, drain the 
 picks up where the last run ended.
 
 It exits 0 when every turn ended as its runtime said; 1 when a row was refused (the host
-could never store it: its turn ended ``error``, the other sessions went on) or a session
-failed; 2 when pi would not start or answer.
+could never store it: its turn ended ``error``, the other sessions went on), when a session
+failed, or when the journal is not a regular file (a symlink or FIFO: refused, one line);
+2 when pi would not start or answer.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from outbox._agent import SimAgent, plan_turn
 from outbox._client import ClientError, HostClient
 from outbox._driver import TurnDriver, text_of
 from outbox._events import AgentEvent
+from outbox._files import NotRegularFile, read_regular, replace
 from outbox._outbox import DrainTimeout, Outbox
 from outbox._pi import PiAgent, PiError
 from outbox._rows import RowRefused
@@ -112,15 +114,10 @@ KILL_AFTER = 20  # snapshots streamed before pi is killed
 def _next_run_number(app_dir: str) -> int:
     path = os.path.join(app_dir, "runs")
     n = 0
-    with contextlib.suppress(OSError, ValueError), open(path) as f:
-        n = int(f.read().strip() or 0)
+    with contextlib.suppress(OSError, ValueError):  # never a link's or a FIFO's
+        n = int(read_regular(path).strip() or 0)
     n += 1
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(str(n))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    replace(path, b"%d" % n)  # a new file renamed over whatever is there
     return n
 
 
@@ -148,7 +145,14 @@ async def drive(opts: Options, out: TextIO = sys.stdout) -> int:
             out.write(json.dumps(ev) + "\n")
             out.flush()
 
-    async with Outbox.open(os.path.join(app_dir, "outbox.jsonl")) as box:
+    async with contextlib.AsyncExitStack() as opened:
+        try:
+            box = await opened.enter_async_context(
+                Outbox.open(os.path.join(app_dir, "outbox.jsonl"))
+            )
+        except NotRegularFile as exc:  # the rows it may hold are a person's to look at
+            print(f"drive: {exc.strerror}: {exc.filename}", file=sys.stderr)
+            return 1
         box.on_ack = None
         box.on_set_aside = lambda e, why: emit(
             {"event": "setAside", "sessionId": e.session_id, "seq": e.seq, "reason": why}

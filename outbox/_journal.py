@@ -24,7 +24,15 @@ from typing import Any
 import msgspec
 from msgspec import UNSET, Raw, Struct, UnsetType
 
-from outbox._files import fsync_dir, write_all, write_new
+from outbox._files import (
+    NotRegularFile,
+    fsync_dir,
+    open_append,
+    open_regular,
+    read_fd,
+    write_all,
+    write_new,
+)
 from outbox._read import read
 from outbox._rows import RowRefused, refusal
 
@@ -104,9 +112,16 @@ class Journal:
 
     def _load(self) -> None:
         os.makedirs(os.path.dirname(self.path) or ".", mode=0o700, exist_ok=True)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-        with open(self.path, "rb") as f:
-            data = f.read()
+        try:  # the only copy of the rows not yet sent: refused, never moved aside
+            self._fd = open_regular(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
+        except NotRegularFile as exc:
+            raise NotRegularFile(
+                exc.errno,
+                "the outbox journal is not a regular file (a symlink, FIFO or folder);"
+                " the outbox writes through none",
+                self.path,
+            ) from None
+        data = read_fd(self._fd)
         pos = bad = 0
         damaged: list[bytes] = []
         while (nl := data.find(b"\n", pos)) >= 0:
@@ -139,11 +154,13 @@ class Journal:
                 self.refused[e.seq] = reason
         if bad:
             quarantine = self.path + ".quarantine"
-            with open(quarantine, "ab") as f:  # kept with their bytes, never just dropped
-                for raw in damaged:
-                    f.write(b"%s\n" % base64.b64encode(raw))
-                f.flush()
-                os.fsync(f.fileno())
+            fd = open_append(quarantine)  # kept with their bytes, never just dropped
+            try:
+                write_all(fd, b"".join(b"%s\n" % base64.b64encode(raw) for raw in damaged))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            fsync_dir(quarantine)
             log.error("journal: %d unreadable entr(ies) skipped, kept in %s", bad, quarantine)
         if not self.pending and data:
             self._compact()
@@ -244,7 +261,7 @@ class Journal:
 
     def _append_rejected(self, data: bytes) -> None:
         path = self.path + ".rejected"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        fd = open_append(path)  # a link or FIFO planted there is moved aside, never used
         try:
             size = os.fstat(fd).st_size
             try:
@@ -265,7 +282,7 @@ class Journal:
         os.rename(tmp, self.path)
         # The new file takes the appends at once: a failure from here on must never leave
         # later entries going, fsynced and "durable", into the old file, which is unlinked.
-        old, self._fd = self._fd, os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
+        old, self._fd = self._fd, open_regular(self.path, os.O_RDWR | os.O_APPEND)
         os.close(old)
         self._acked_since_compact = 0
         self._dir_synced = False

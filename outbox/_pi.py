@@ -69,7 +69,7 @@ import msgspec
 
 from outbox._driver import text_of
 from outbox._events import AgentEvent
-from outbox._files import fsync_dir, write_new
+from outbox._files import open_append, open_regular, replace
 from outbox._read import deep, read
 
 log = logging.getLogger("outbox.pi")
@@ -328,12 +328,9 @@ def session_lines(rows: Sequence[Mapping[str, Any]], cwd: str) -> bytes:
 
 
 def _write_atomic(path: str, data: bytes) -> None:
-    """Replace ``path`` by ``data``: temp file, fsync, rename, folder fsync; 0600."""
+    """Replace ``path`` by ``data`` (0600): a new file renamed over it, never opened."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
-    tmp = f"{path}.{os.urandom(4).hex()}.tmp"
-    write_new(tmp, data)
-    os.rename(tmp, path)
-    fsync_dir(path)
+    replace(path, data)
 
 
 # -- the process -------------------------------------------------------------------------
@@ -351,8 +348,9 @@ class PiProcess:
     async def start(
         cls, argv: Sequence[str], *, cwd: str, env: Mapping[str, str], stderr_path: str | None
     ) -> PiProcess:
-        """Start ``argv`` with pipes; its stderr appended to ``stderr_path``."""
-        err = open(stderr_path, "ab") if stderr_path else None  # noqa: SIM115 - child owns it
+        """Start ``argv`` with pipes; its stderr appended to ``stderr_path`` (a file: a link
+        or FIFO planted there is moved aside)."""
+        err = open_append(stderr_path) if stderr_path else None
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
@@ -367,8 +365,8 @@ class PiProcess:
         except OSError as exc:
             raise PiError(f"cannot start pi ({' '.join(argv[:1])}): {exc}") from None
         finally:
-            if err:
-                err.close()
+            if err is not None:
+                os.close(err)
         return cls(proc)
 
     @property
@@ -675,9 +673,14 @@ def _tail(path: str | None, size: int = 600) -> str:
     if not path:
         return ""
     try:
-        with open(path, "rb") as f:
-            f.seek(max(0, os.fstat(f.fileno()).st_size - size))
-            text = f.read().decode(errors="replace").strip()
+        fd = open_regular(path)  # never blocked by a FIFO (NotRegularFile: an OSError)
     except OSError:
         return ""
+    try:
+        end = os.fstat(fd).st_size
+        text = os.pread(fd, size, max(0, end - size)).decode(errors="replace").strip()
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
     return f"; its stderr ends: {text}" if text else ""
