@@ -58,7 +58,7 @@ def deep(fn: Callable[..., T], *args: Any) -> T:
     def run() -> None:
         try:
             out.append((True, fn(*args)))
-        except Exception as exc:
+        except BaseException as exc:  # handed to the caller, which raises it
             out.append((False, exc))
 
     thread = threading.Thread(target=run, name="outbox-deep-read", daemon=True)
