@@ -24,10 +24,12 @@ of pi 0.73.1); :class:`PiTurn` maps one turn's events to the driver's:
   killed, or gone) ends the driver's turn as a crash (``recoverInflight``).
 - **lines read as the host reads them** (``outbox._read``): pi is Node, and its grep tool
   cuts long lines inside an emoji, which ``JSON.stringify`` writes as ``\ud83d``; the half
-  pair is read as U+FFFD (the row is rebuilt from pi's message, so it is kept as text). A
-  line that cannot be read even so (nested past any decoder, or not JSON) is logged and
-  ends the turn ``error`` at once, pi aborted and marked stale: it may have been a row or
-  the ``agent_end`` itself, and waiting for one would wait for good.
+  pair is read as U+FFFD (the row is rebuilt from pi's message, so it is kept as text). An
+  event that cannot be read even so (a line that opens a JSON object, as every event of
+  pi's does, nested past any decoder, cut, or over 256 MiB) is logged and ends the turn
+  ``error`` at once, pi aborted and marked stale: it may have been a row or the
+  ``agent_end`` itself, and waiting for one would wait for good. Other output (not an
+  object: some library's warning on stdout) is logged and passed over, as it cannot be one.
 - **retries.** After a failed reply pi may retry by itself: ``agent_end``, then
   ``auto_retry_start``, then a second ``agent_start`` with no prompt. Nothing in
   ``agent_end`` says which, so the runtime sends a ``get_state`` and waits for its answer:
@@ -400,15 +402,17 @@ class PiProcess:
         try:
             ev = deep(read, _DEC, line)
         except (msgspec.DecodeError, RecursionError) as exc:
-            self._unreadable(f"{exc}: {len(line)} bytes, {line[:200]!r}")
-            return
-        if not isinstance(ev, dict):
-            self._unreadable(f"not a JSON object: {line[:200]!r}")
+            if line.lstrip().startswith(b"{"):  # one of pi's events, lost
+                self._unreadable(f"{exc}: {len(line)} bytes, {line[:200]!r}")
+                return
+            ev = None
+        if not isinstance(ev, dict):  # not an event of pi's: stray output
+            log.warning("pi printed a line that is not one of its events: %r", line[:200])
             return
         self.lines.put_nowait(ev)
 
     def _unreadable(self, why: str) -> None:
-        log.error("pi printed a line that cannot be read (%s)", why)
+        log.error("pi printed a line that cannot be read (%s)", why)  # an event of pi's
         self.lines.put_nowait(Unreadable(why))
 
     async def next(self) -> dict[str, Any] | Unreadable | None:
