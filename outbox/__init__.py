@@ -19,6 +19,8 @@ pieces with the simulated runtime in ``outbox._agent``.
     ├── CallTimeout     a call's deadline passed (a cancel was sent)
     └── RemoteError     the host answered with a JSON-RPC error (``code``, ``name``, ``data``)
     DrainTimeout        the outbox did not see its rows acknowledged in time
+    RowRefused          (a ValueError) a row the host could never store: ``enqueue`` wrote
+                        nothing; ``TurnDriver.run`` ended its turn ``error`` first
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from outbox._events import (
 )
 from outbox._journal import Entry, Journal
 from outbox._outbox import DrainTimeout, Outbox
+from outbox._rows import RowRefused
 
 __all__ = [
     "AgentEnd",
@@ -67,6 +70,7 @@ __all__ = [
     "Outbox",
     "Outcome",
     "RemoteError",
+    "RowRefused",
     "ToolExecutionEnd",
     "ToolExecutionStart",
     "TurnDriver",

@@ -4,6 +4,14 @@ Responses are matched by id and may come back in any order. Every call has a dea
 (130 s by default); when it passes the client sends ``$/cancelRequest`` and raises
 :class:`CallTimeout`. When the host dies every pending call fails with :class:`HostGone`.
 
+Answers are read as the host reads JSON (``outbox._read``): a stored message holding half a
+surrogate pair (JavaScript clients write ``\ud83d``) comes back with U+FFFD in its place. An
+answer that cannot be read even so fails the calls it answers at once, with a
+:class:`ClientError`, never after their deadline: the host writes every answer as
+``{"jsonrpc":"2.0","id":N,...`` (a batch's as a list of them), so its first id is found
+by a look at the line's start, without decoding it; a line that shows none fails every
+call waiting, since any of them could be the one.
+
     ClientError
     ├── HostGone        the host process or socket went away
     ├── CallTimeout     a call's deadline passed (a cancel was sent)
@@ -17,23 +25,23 @@ import contextlib
 import itertools
 import logging
 import os
+import re
 import sys
 from typing import Any
 
 import msgspec
+
+from outbox._files import open_append
+from outbox._read import deep, read
 
 log = logging.getLogger("outbox.client")
 PROTOCOL_VERSION = 11
 DEFAULT_DEADLINE = 130.0
 _ENC = msgspec.json.Encoder()
 _DEC = msgspec.json.Decoder()
-
-
-class _Id(msgspec.Struct):
-    id: Any = None
-
-
-_ID = msgspec.json.Decoder(_Id)
+# The start of every answer the host writes (host/_endpoint.py, _result and _error), and of
+# a batch's: whose answer a line is, without decoding it.
+_ANSWER = re.compile(rb'\s*(\[)?\s*\{"jsonrpc":"2\.0","id":(\d+)[,}]')
 
 
 class ClientError(Exception):
@@ -76,6 +84,7 @@ class HostClient:
         self.deadline = deadline
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._batches: dict[int, tuple[int, ...]] = {}  # a batch's call id -> all of its ids
         self._task = asyncio.create_task(self._read_loop())
         self.gone = asyncio.Event()
 
@@ -84,7 +93,7 @@ class HostClient:
         cls, data_dir: str, *, log_path: str | None = None, deadline: float = DEFAULT_DEADLINE
     ) -> HostClient:
         """Start ``python -m host serve --data-dir`` and connect over its pipes."""
-        stderr = open(log_path, "ab") if log_path else None  # noqa: SIM115 - child owns it
+        stderr = open_append(log_path) if log_path else None  # never a link's or FIFO's
         try:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable,
@@ -104,8 +113,8 @@ class HostClient:
                 start_new_session=True,
             )
         finally:
-            if stderr:
-                stderr.close()
+            if stderr is not None:
+                os.close(stderr)
         assert proc.stdout is not None and proc.stdin is not None
         writer = proc.stdin
         return cls(proc.stdout, writer, proc, deadline, (data_dir, log_path))
@@ -130,17 +139,22 @@ class HostClient:
         return result
 
     def _fail_unreadable(self, line: bytes, exc: BaseException) -> None:
-        """Fail the call an answer this client cannot decode belongs to, at once.
+        """Fail the calls an answer this client cannot decode belongs to, at once.
 
-        Dropping it would leave that call waiting out its whole deadline.
+        Dropping it would leave them waiting out their whole deadline. Its start names the
+        call (or the first of a batch's, which stands for the batch); a line whose start
+        names none fails every call waiting.
         """
-        try:
-            rid = _ID.decode(line).id
-        except (msgspec.MsgspecError, RecursionError):
-            return
-        fut = self._pending.pop(rid, None) if isinstance(rid, int) else None
-        if fut is not None and not fut.done():
-            fut.set_exception(ClientError(f"the host's answer cannot be read here: {exc}"))
+        head = _ANSWER.match(line)
+        if head is None:
+            ids: tuple[int, ...] = tuple(self._pending)
+        else:
+            rid = int(head[2])
+            ids = self._batches.get(rid, (rid,)) if head[1] else (rid,)
+        for rid in ids:
+            fut = self._pending.pop(rid, None)
+            if fut is not None and not fut.done():
+                fut.set_exception(ClientError(f"the host's answer cannot be read here: {exc}"))
 
     async def _read_loop(self) -> None:
         try:
@@ -149,7 +163,7 @@ class HostClient:
                 if not line:
                     break
                 try:
-                    msg = _DEC.decode(line)
+                    msg = deep(read, _DEC, line)
                 except (msgspec.DecodeError, RecursionError) as exc:
                     log.error("host sent a line this client cannot read: %r", line[:200])
                     self._fail_unreadable(line, exc)
@@ -215,6 +229,22 @@ class HostClient:
             {"jsonrpc": "2.0", "id": rid, "method": m, "params": p}
             for rid, (m, p) in zip(ids, calls, strict=True)
         ]
+        every = tuple(ids)
+        self._batches.update((rid, every) for rid in ids)
+        try:
+            return await self._batch(body, ids, futs, timeout)
+        finally:
+            for rid in ids:
+                self._batches.pop(rid, None)
+
+    async def _batch(
+        self,
+        body: list[dict[str, Any]],
+        ids: list[int],
+        futs: list[asyncio.Future[Any]],
+        timeout: float | None,
+    ) -> list[Any]:
+        """Send ``body`` and wait, one deadline for all, for the answers of ``futs``."""
         self._send(body)
         try:
             await self._writer.drain()

@@ -8,6 +8,11 @@ session files are ``DIR/app/pi/<session>.jsonl``, its tools run in ``DIR/app/pi-
 its stderr goes to ``DIR/pi.log``. The connect sequence is handshake, drain the outbox,
 ``recoverInflightMessages``; only then is anything read. Run again on the same DIR, it
 picks up where the last run ended.
+
+It exits 0 when every turn ended as its runtime said; 1 when a row was refused (the host
+could never store it: its turn ended ``error``, the other sessions went on), when a session
+failed, or when the journal is not a regular file (a symlink or FIFO: refused, one line);
+2 when pi would not start or answer.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import random
 import shlex
@@ -29,8 +35,12 @@ from outbox._agent import SimAgent, plan_turn
 from outbox._client import ClientError, HostClient
 from outbox._driver import TurnDriver, text_of
 from outbox._events import AgentEvent
+from outbox._files import NotRegularFile, read_regular, replace
 from outbox._outbox import DrainTimeout, Outbox
 from outbox._pi import PiAgent, PiError
+from outbox._rows import RowRefused
+
+log = logging.getLogger("outbox.drive")
 
 
 @dataclass
@@ -64,6 +74,7 @@ class Run:
     turns_done: dict[str, int] = field(default_factory=dict)
     pis: dict[str, PiAgent] = field(default_factory=dict)
     models: set[str] = field(default_factory=set)
+    refused: list[str] = field(default_factory=list)  # the turns a refused row ended
 
     def count(self, outcome: str) -> None:
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
@@ -71,6 +82,12 @@ class Run:
     def not_started(self, sid: str, tid: str, exc: Exception) -> None:
         self.count("not started")
         print(f"{sid}: turn {tid} not started: {exc}", file=sys.stderr)
+
+    def row_refused(self, sid: str, tid: str, exc: RowRefused) -> None:
+        """A row of turn ``tid`` was refused: the driver ended the turn ``error``."""
+        self.ended(sid, "error")
+        self.refused.append(tid)
+        print(f"{sid}: turn {tid} ended as an error: {exc}", file=sys.stderr)
 
     def ended(self, sid: str, outcome: str) -> None:
         """A turn of ``sid`` ended as ``outcome``."""
@@ -97,15 +114,10 @@ KILL_AFTER = 20  # snapshots streamed before pi is killed
 def _next_run_number(app_dir: str) -> int:
     path = os.path.join(app_dir, "runs")
     n = 0
-    with contextlib.suppress(OSError, ValueError), open(path) as f:
-        n = int(f.read().strip() or 0)
+    with contextlib.suppress(OSError, ValueError):  # never a link's or a FIFO's
+        n = int(read_regular(path).strip() or 0)
     n += 1
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(str(n))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    replace(path, b"%d" % n)  # a new file renamed over whatever is there
     return n
 
 
@@ -133,7 +145,14 @@ async def drive(opts: Options, out: TextIO = sys.stdout) -> int:
             out.write(json.dumps(ev) + "\n")
             out.flush()
 
-    async with Outbox.open(os.path.join(app_dir, "outbox.jsonl")) as box:
+    async with contextlib.AsyncExitStack() as opened:
+        try:
+            box = await opened.enter_async_context(
+                Outbox.open(os.path.join(app_dir, "outbox.jsonl"))
+            )
+        except NotRegularFile as exc:  # the rows it may hold are a person's to look at
+            print(f"drive: {exc.strerror}: {exc.filename}", file=sys.stderr)
+            return 1
         box.on_ack = None
         box.on_set_aside = lambda e, why: emit(
             {"event": "setAside", "sessionId": e.session_id, "seq": e.seq, "reason": why}
@@ -187,6 +206,11 @@ async def drive(opts: Options, out: TextIO = sys.stdout) -> int:
             print(f"drive: pi: {failed}", file=sys.stderr)
             await client.close()
             return 2
+        if failed is not None:
+            log.error("a session failed", exc_info=failed)
+            print(f"drive: a session failed: {failed!r}", file=sys.stderr)
+            await client.close()
+            return 1
         if not stop.is_set():  # after a quit, what did not land waits for the next start
             with contextlib.suppress(DrainTimeout):
                 await box.drain(30.0)
@@ -204,6 +228,7 @@ async def drive(opts: Options, out: TextIO = sys.stdout) -> int:
             "skippedArchives": driver.stats["skipped_archives"],
             "outboxPending": box.depth,
             "outboxSetAside": box.stats["dropped"],
+            "rowsRefused": len(run.refused),
             "outboxFsyncs": box.journal.fsyncs,
             "seconds": round(time.monotonic() - run.started, 2),
         }
@@ -211,6 +236,13 @@ async def drive(opts: Options, out: TextIO = sys.stdout) -> int:
         if not opts.json:
             await _print_summary(client, opts, summary, out)
         await client.close()
+    if run.refused:
+        print(
+            f"drive: {len(run.refused)} row(s) refused, the host could never store them:"
+            f" their turns ({', '.join(run.refused)}) ended as errors",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
@@ -246,7 +278,11 @@ async def _session(
         run.streaming[sid] = agent
         if action == "stop":
             asyncio.get_running_loop().call_later(opts.reply_seconds * 0.4, agent.stop)
-        outcome = await driver.run(st, agent.events(), regenerate=regenerate)
+        try:
+            outcome = await driver.run(st, agent.events(), regenerate=regenerate)
+        except RowRefused as exc:  # its turn ended error; the session goes on
+            run.row_refused(sid, tid, exc)
+            continue
         run.ended(sid, ("regenerate " if regenerate else "") + outcome)
 
 
@@ -277,7 +313,11 @@ async def _pi_session(
             continue
         run.streaming[sid] = agent
         events = _drill(agent.events(tid, words), action, agent)
-        outcome = await driver.run(st, events, regenerate=regenerate)
+        try:
+            outcome = await driver.run(st, events, regenerate=regenerate)
+        except RowRefused as exc:  # its turn ended error; the session goes on (a new pi)
+            run.row_refused(sid, tid, exc)
+            continue
         run.ended(sid, ("regenerate " if regenerate else "") + outcome)
         if agent.refused is not None:  # no model, no key: every turn would fail alike
             raise PiError(f"pi refused the prompt of turn {tid}: {agent.refused}")
@@ -314,17 +354,25 @@ def _now_ms() -> int:
 async def _drill(
     events: AsyncIterator[AgentEvent], action: str, agent: PiAgent
 ) -> AsyncIterator[AgentEvent]:
-    """Pass a turn's events on; press Stop, or SIGKILL pi, once the reply has streamed."""
+    """Pass a turn's events on; press Stop, or SIGKILL pi, once the reply has streamed.
+
+    Closed early (a refused row ends the turn), it closes pi's stream too, at once.
+    """
     snapshots = 0
-    async for ev in events:
-        yield ev
-        if ev["type"] != "message_update":
-            continue
-        snapshots += 1
-        if action == "stop" and snapshots == STOP_AFTER:
-            agent.stop()
-        elif action == "kill" and snapshots == KILL_AFTER:
-            agent.kill()
+    try:
+        async for ev in events:
+            yield ev
+            if ev["type"] != "message_update":
+                continue
+            snapshots += 1
+            if action == "stop" and snapshots == STOP_AFTER:
+                agent.stop()
+            elif action == "kill" and snapshots == KILL_AFTER:
+                agent.kill()
+    finally:
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 async def _stored_rows(client: HostClient, sid: str) -> list[dict[str, Any]]:

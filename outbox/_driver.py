@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from outbox._client import ClientError, HostClient
 from outbox._events import AgentEvent, Message, Notice, Outcome
 from outbox._outbox import DrainTimeout, Outbox
+from outbox._rows import RowRefused
 
 log = logging.getLogger("outbox.driver")
 CHECKPOINT_INTERVAL = 1.5
@@ -188,7 +189,25 @@ class TurnDriver:
 
         ``regenerate``: the turn replaces a cut reply (see :meth:`truncate_last_reply`);
         once it completes, its branch is archived (``session.saveActiveRevision``).
+
+        A row ``enqueue`` refuses (:class:`~outbox._rows.RowRefused`: the host could never
+        store it) ends the turn there: the runtime's stream is closed, the turn ended on the
+        host as ``error`` (never left running, which would make the session ``AGENT_BUSY``),
+        and the refusal raised, for the app to keep the row or tell the user.
         """
+        try:
+            return await self._run(st, events, regenerate)
+        except RowRefused as exc:
+            log.error("turn %s of session %s ends as an error: %s", st.turn_id, st.session_id, exc)
+            aclose = getattr(events, "aclose", None)  # an async generator's: its cleanup runs
+            if aclose is not None:
+                await aclose()
+            await self.end(st, "error")
+            raise
+
+    async def _run(
+        self, st: TurnState, events: AsyncIterator[AgentEvent], regenerate: bool
+    ) -> Outcome:
         outcome: Outcome = "crashed"  # a stream that ends without agent_end: the runtime is gone
         async for ev in events:
             if ev["type"] == "message_update":

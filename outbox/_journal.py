@@ -24,7 +24,16 @@ from typing import Any
 import msgspec
 from msgspec import UNSET, Raw, Struct, UnsetType
 
-from outbox._files import fsync_dir, write_all, write_new
+from outbox._files import (
+    NotRegularFile,
+    fsync_dir,
+    open_append,
+    open_regular,
+    read_fd,
+    write_all,
+    write_new,
+)
+from outbox._read import read
 from outbox._rows import RowRefused, refusal
 
 log = logging.getLogger("outbox.journal")
@@ -53,23 +62,6 @@ COMPACT_AFTER = 4096  # acknowledged entries before an idle journal is rewritten
 
 
 _CRC = b',"crc":'
-
-
-MAX_DEPTH = 256
-"""How deep a message may nest. The host's decoder stops where the stack does, a few
-levels nearer for a row inside a batch line: a row near that line would be refused with
-its whole batch, every time, and hold every later row back."""
-
-
-def _depth(value: Any) -> int:
-    """How deeply ``value`` nests lists and objects (without recursion)."""
-    deepest, todo = 0, [(value, 1)]
-    while todo:
-        v, d = todo.pop()
-        if isinstance(v, dict | list):
-            deepest = max(deepest, d)
-            todo.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
-    return deepest
 
 
 def _sealed(obj: bytes) -> bytes:
@@ -120,17 +112,24 @@ class Journal:
 
     def _load(self) -> None:
         os.makedirs(os.path.dirname(self.path) or ".", mode=0o700, exist_ok=True)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-        with open(self.path, "rb") as f:
-            data = f.read()
+        try:  # the only copy of the rows not yet sent: refused, never moved aside
+            self._fd = open_regular(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
+        except NotRegularFile as exc:
+            raise NotRegularFile(
+                exc.errno,
+                "the outbox journal is not a regular file (a symlink, FIFO or folder);"
+                " the outbox writes through none",
+                self.path,
+            ) from None
+        data = read_fd(self._fd)
         pos = bad = 0
         damaged: list[bytes] = []
         while (nl := data.find(b"\n", pos)) >= 0:
             raw, at, pos = data[pos:nl], pos, nl + 1
             try:
                 raw.decode("utf-8")
-                line = _DEC.decode(_checked(raw))
-            except (msgspec.MsgspecError, ValueError):
+                line = read(_DEC, _checked(raw))  # a half surrogate pair is the host's JSON
+            except (msgspec.MsgspecError, ValueError, RecursionError):
                 bad += 1
                 damaged.append(raw)
                 log.error("journal: unreadable entry at byte %d skipped", at)
@@ -155,11 +154,13 @@ class Journal:
                 self.refused[e.seq] = reason
         if bad:
             quarantine = self.path + ".quarantine"
-            with open(quarantine, "ab") as f:  # kept with their bytes, never just dropped
-                for raw in damaged:
-                    f.write(b"%s\n" % base64.b64encode(raw))
-                f.flush()
-                os.fsync(f.fileno())
+            fd = open_append(quarantine)  # kept with their bytes, never just dropped
+            try:
+                write_all(fd, b"".join(b"%s\n" % base64.b64encode(raw) for raw in damaged))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            fsync_dir(quarantine)
             log.error("journal: %d unreadable entr(ies) skipped, kept in %s", bad, quarantine)
         if not self.pending and data:
             self._compact()
@@ -180,17 +181,10 @@ class Journal:
     async def append(self, session_id: str, message: bytes, turn_id: str | None) -> Entry:
         """Write one entry and return once it is durable.
 
-        ``ValueError`` (:class:`RowRefused` for a row the host would refuse) before anything
-        is written: in the journal such a row would be sent, and refused, at every drain.
+        :class:`RowRefused` (a ``ValueError``) for a row the host would refuse, or the client
+        could not read back, before anything is written: in the journal such a row would be
+        sent, and refused, at every drain.
         """
-        # The host would refuse the whole batch line (PARSE_ERROR, answering none of it).
-        message.decode("utf-8")
-        try:
-            value = msgspec.json.decode(message)  # what the client must decode back too
-        except (msgspec.DecodeError, RecursionError) as exc:  # 1e999 is JSON, not readable
-            raise ValueError(f"message is not JSON the host and client can read: {exc}") from None
-        if _depth(value) > MAX_DEPTH:
-            raise ValueError(f"message nests deeper than {MAX_DEPTH} levels")
         if (reason := refusal(session_id, message, turn_id)) is not None:
             raise RowRefused(f"row refused, the host could never store it: {reason}")
         entry = Entry(self.next_seq, session_id, Raw(message), turn_id)
@@ -267,7 +261,7 @@ class Journal:
 
     def _append_rejected(self, data: bytes) -> None:
         path = self.path + ".rejected"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        fd = open_append(path)  # a link or FIFO planted there is moved aside, never used
         try:
             size = os.fstat(fd).st_size
             try:
@@ -288,7 +282,7 @@ class Journal:
         os.rename(tmp, self.path)
         # The new file takes the appends at once: a failure from here on must never leave
         # later entries going, fsynced and "durable", into the old file, which is unlinked.
-        old, self._fd = self._fd, os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
+        old, self._fd = self._fd, open_regular(self.path, os.O_RDWR | os.O_APPEND)
         os.close(old)
         self._acked_since_compact = 0
         self._dir_synced = False

@@ -6,8 +6,9 @@ entries in order into ``session.appendMessage``, as JSON-RPC batches of up to
 deduplicates by message id, so replaying after a crash is safe: at least once in,
 exactly once stored.
 
-Answers: ok -> acknowledged; ``NOT_FOUND`` (the session is gone), ``INVALID_PARAMS``
-or ``CONFLICT`` (the entry can never succeed) -> dropped: set aside into
+Answers: ok -> acknowledged; ``NOT_FOUND`` (the session is gone), ``INVALID_PARAMS``,
+``CONFLICT`` or ``PARSE_ERROR`` with the row's id (the entry can never succeed) -> dropped:
+set aside into
 ``<journal>.rejected`` with the reason, logged and reported to ``on_set_aside``; anything
 else (``STORAGE_ERROR``, the host down or slow) -> retried with backoff, the session's
 later entries held back so that its rows stay in order. ``enqueue`` refuses a row the host
@@ -27,11 +28,15 @@ import msgspec
 
 from outbox._client import ClientError, HostClient, RemoteError
 from outbox._journal import Entry, Journal
+from outbox._rows import RowRefused
 
 log = logging.getLogger("outbox")
 BATCH = 256
 BATCH_BYTES = 32 * 1024 * 1024  # a batch line stays well under the host's 64 MiB limit
-DROP = {"NOT_FOUND", "INVALID_PARAMS", "CONFLICT"}
+# PARSE_ERROR with the row's id: the host could not read that message (nested a level past
+# what its stack left it, outbox._rows.MAX_DEPTH), and never will: retried, it would hold
+# every later row of its session back for good.
+DROP = {"NOT_FOUND", "INVALID_PARAMS", "CONFLICT", "PARSE_ERROR"}
 _ENC = msgspec.json.Encoder()
 
 
@@ -82,10 +87,14 @@ class Outbox:
     ) -> Entry:
         """Persist a row for the host; returns once it is durable on disk.
 
-        Raises ``ValueError`` (``RowRefused``: no id, a bad id, a role outside the contract,
-        ...) for a row the host could never store, before anything is written.
+        Raises :class:`~outbox._rows.RowRefused` (a ``ValueError``: no id, a bad id, a role
+        outside the contract, nested or sized past the host's bounds, a value JSON cannot
+        hold) for a row the host could never store, before anything is written.
         """
-        raw = message if isinstance(message, bytes) else _ENC.encode(message)
+        try:
+            raw = message if isinstance(message, bytes) else _ENC.encode(message)
+        except (TypeError, ValueError) as exc:  # half a surrogate pair in a str, a set, ...
+            raise RowRefused(f"row refused, it cannot be written as JSON: {exc}") from None
         entry = await self.journal.append(session_id, raw, turn_id)
         self.stats["enqueued"] += 1
         self._wake.set()

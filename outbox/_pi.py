@@ -22,6 +22,14 @@ of pi 0.73.1); :class:`PiTurn` maps one turn's events to the driver's:
 - **outcomes.** The turn ends at ``agent_end``: ``stopped`` after an aborted reply,
   ``error`` after a failed one, else ``completed``. A stream that ends without it (pi
   killed, or gone) ends the driver's turn as a crash (``recoverInflight``).
+- **lines read as the host reads them** (``outbox._read``): pi is Node, and its grep tool
+  cuts long lines inside an emoji, which ``JSON.stringify`` writes as ``\ud83d``; the half
+  pair is read as U+FFFD (the row is rebuilt from pi's message, so it is kept as text). An
+  event that cannot be read even so (a line that opens a JSON object, as every event of
+  pi's does, nested past any decoder, cut, or over 256 MiB) is logged and ends the turn
+  ``error`` at once, pi aborted and marked stale: it may have been a row or the
+  ``agent_end`` itself, and waiting for one would wait for good. Other output (not an
+  object: some library's warning on stdout) is logged and passed over, as it cannot be one.
 - **retries.** After a failed reply pi may retry by itself: ``agent_end``, then
   ``auto_retry_start``, then a second ``agent_start`` with no prompt. Nothing in
   ``agent_end`` says which, so the runtime sends a ``get_state`` and waits for its answer:
@@ -63,7 +71,8 @@ import msgspec
 
 from outbox._driver import text_of
 from outbox._events import AgentEvent
-from outbox._files import fsync_dir, write_new
+from outbox._files import open_append, open_regular, replace
+from outbox._read import deep, read
 
 log = logging.getLogger("outbox.pi")
 
@@ -85,6 +94,13 @@ _DEC = msgspec.json.Decoder()
 
 class PiError(Exception):
     """Raised when pi cannot be started or does not answer."""
+
+
+class Unreadable:
+    """A line pi printed that cannot be read (``why``, with its start), in its place."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
 
 
 # -- ids --------------------------------------------------------------------------------
@@ -314,12 +330,9 @@ def session_lines(rows: Sequence[Mapping[str, Any]], cwd: str) -> bytes:
 
 
 def _write_atomic(path: str, data: bytes) -> None:
-    """Replace ``path`` by ``data``: temp file, fsync, rename, folder fsync; 0600."""
+    """Replace ``path`` by ``data`` (0600): a new file renamed over it, never opened."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
-    tmp = f"{path}.{os.urandom(4).hex()}.tmp"
-    write_new(tmp, data)
-    os.rename(tmp, path)
-    fsync_dir(path)
+    replace(path, data)
 
 
 # -- the process -------------------------------------------------------------------------
@@ -330,15 +343,16 @@ class PiProcess:
 
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
         self.proc = proc
-        self.lines: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        self.lines: asyncio.Queue[dict[str, Any] | Unreadable | None] = asyncio.Queue()
         self._reader = asyncio.create_task(self._read())
 
     @classmethod
     async def start(
         cls, argv: Sequence[str], *, cwd: str, env: Mapping[str, str], stderr_path: str | None
     ) -> PiProcess:
-        """Start ``argv`` with pipes; its stderr appended to ``stderr_path``."""
-        err = open(stderr_path, "ab") if stderr_path else None  # noqa: SIM115 - child owns it
+        """Start ``argv`` with pipes; its stderr appended to ``stderr_path`` (a file: a link
+        or FIFO planted there is moved aside)."""
+        err = open_append(stderr_path) if stderr_path else None
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
@@ -353,8 +367,8 @@ class PiProcess:
         except OSError as exc:
             raise PiError(f"cannot start pi ({' '.join(argv[:1])}): {exc}") from None
         finally:
-            if err:
-                err.close()
+            if err is not None:
+                os.close(err)
         return cls(proc)
 
     @property
@@ -374,6 +388,7 @@ class PiProcess:
                     break
                 except asyncio.LimitOverrunError:
                     await _skip_line(stdout)
+                    self._unreadable(f"a line over {LINE_LIMIT} bytes")
                     continue
                 self._parse(line)
         except (ConnectionError, OSError) as exc:
@@ -382,17 +397,27 @@ class PiProcess:
             self.lines.put_nowait(None)
 
     def _parse(self, line: bytes) -> None:
-        try:
-            ev = _DEC.decode(line)
-        except (msgspec.DecodeError, RecursionError):
-            if line.strip():
-                log.warning("pi printed a line that is not JSON: %r", line[:200])
+        if not line.strip():
             return
-        if isinstance(ev, dict):
-            self.lines.put_nowait(ev)
+        try:
+            ev = deep(read, _DEC, line)
+        except (msgspec.DecodeError, RecursionError) as exc:
+            if line.lstrip().startswith(b"{"):  # one of pi's events, lost
+                self._unreadable(f"{exc}: {len(line)} bytes, {line[:200]!r}")
+                return
+            ev = None
+        if not isinstance(ev, dict):  # not an event of pi's: stray output
+            log.warning("pi printed a line that is not one of its events: %r", line[:200])
+            return
+        self.lines.put_nowait(ev)
 
-    async def next(self) -> dict[str, Any] | None:
-        """The next line pi printed; ``None`` once its output has ended."""
+    def _unreadable(self, why: str) -> None:
+        log.error("pi printed a line that cannot be read (%s)", why)  # an event of pi's
+        self.lines.put_nowait(Unreadable(why))
+
+    async def next(self) -> dict[str, Any] | Unreadable | None:
+        """The next line pi printed (:class:`Unreadable` in the place of one that cannot be
+        read); ``None`` once its output has ended."""
         ev = await self.lines.get()
         if ev is None:
             self.lines.put_nowait(None)  # every later call sees the end too
@@ -538,7 +563,7 @@ class PiAgent:
                 if ev is None:  # pi is gone mid-turn: no agent_end, the driver's crash
                     log.warning("pi's output ended in turn %s: crashed", turn_id)
                     return
-                out = self._feed(turn, ev)
+                out = self._lost(turn, ev) if isinstance(ev, Unreadable) else self._feed(turn, ev)
                 if turn.outcome is not None:
                     self._finish(turn)
                 for e in out:
@@ -558,6 +583,19 @@ class PiAgent:
             if e["type"] == "message_update":
                 self.streaming = e["message"]  # its text is counted when the view asks
         return out
+
+    def _lost(self, turn: PiTurn, ev: Unreadable) -> list[AgentEvent]:
+        """End the turn ``error`` at a line that cannot be read (a row, or agent_end)."""
+        log.error(
+            "pi: turn %s ends as an error: a line of it cannot be read, so a row of it may be"
+            " lost (%s); pi is aborted, and the next turn starts a new one from the host's"
+            " transcript",
+            turn.turn_id,
+            ev.why,
+        )
+        self._send("abort")
+        self._stale = True  # pi holds what the host does not
+        return turn.end("error")
 
     def _finish(self, turn: PiTurn) -> None:
         if self._turn is turn:
@@ -620,6 +658,8 @@ class PiAgent:
         try:
             async with asyncio.timeout(timeout):
                 while (ev := await proc.next()) is not None:
+                    if isinstance(ev, Unreadable):  # (logged) not its answer: that is a dict
+                        continue
                     if ev.get("type") == "response" and ev.get("id") == rid:
                         if ev.get("success") is False:
                             raise PiError(f"pi refused {kind}: {ev.get('error')}")
@@ -637,9 +677,14 @@ def _tail(path: str | None, size: int = 600) -> str:
     if not path:
         return ""
     try:
-        with open(path, "rb") as f:
-            f.seek(max(0, os.fstat(f.fileno()).st_size - size))
-            text = f.read().decode(errors="replace").strip()
+        fd = open_regular(path)  # never blocked by a FIFO (NotRegularFile: an OSError)
     except OSError:
         return ""
+    try:
+        end = os.fstat(fd).st_size
+        text = os.pread(fd, size, max(0, end - size)).decode(errors="replace").strip()
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
     return f"; its stderr ends: {text}" if text else ""

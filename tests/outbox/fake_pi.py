@@ -16,7 +16,9 @@ as fast as it can write, and behaves as pi did where the capture sent a command:
   printed so far), ``abort`` (success), another ``prompt`` (refused: the capture is over);
 - end of input makes it exit 0, as pi's ``shutdown()`` does, wherever it is.
 
-``--session FILE`` is read as pi reads a session file. When ``FAKE_PI_LOG`` names a file,
+``--session FILE`` is read as pi reads a session file; ``{session}`` in the fixture's path is
+that file's name without ``.jsonl`` (``drive`` names it after the chat session), so one
+``--pi-command`` can give each session of a run its own capture. When ``FAKE_PI_LOG`` names a file,
 one JSON line is appended for its start (args and the history it loaded), each command it
 read, and how it ended (``eof``, ``sigterm-capture`` or ``signal``), so a test can check
 what pi was told.
@@ -108,7 +110,10 @@ class FakePi:
         self.log(start=self.args, history=self.history)
         for kind, text in self.steps:
             if kind == "out":
-                obj = json.loads(text)
+                try:
+                    obj = json.loads(text)
+                except RecursionError:  # deeper than Python's json goes (not Node's): as is
+                    obj = {}
                 if obj.get("type") == "response" and obj.get("command") in self.ids:
                     obj["id"] = self.ids.pop(obj["command"])
                     text = json.dumps(obj, separators=(",", ":"))
@@ -126,8 +131,11 @@ class FakePi:
 
 def main() -> None:
     args = sys.argv[1:]
-    fixture = Path(args[args.index("--fixture") + 1])
-    fake = FakePi(fixture, [a for a in args if a not in ("--fixture", str(fixture))])
+    named = args[args.index("--fixture") + 1]
+    rest = [a for a in args if a not in ("--fixture", named)]
+    session = rest[rest.index("--session") + 1] if "--session" in rest else "none"
+    fixture = Path(named.replace("{session}", Path(session).stem))
+    fake = FakePi(fixture, rest)
 
     def on_signal(signum: int, _frame: Any) -> None:
         fake.end("signal", 128 + signum)

@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import json
 import os
+import shlex
 import signal
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -26,7 +28,9 @@ from outbox._driver import TurnDriver
 from tests.conftest import REPO
 
 WAIT = 20.0  # the bound of every wait in these tests (pytest-timeout is the outer guard)
-CODES = {"NOT_FOUND": -32004, "STORAGE_ERROR": -32007}
+CAPTURES = REPO / "tests" / "fixtures" / "pi-rpc"  # pi 0.73.1's own stdout (README there)
+FAKE_PI = REPO / "tests" / "outbox" / "fake_pi.py"
+CODES = {"NOT_FOUND": -32004, "STORAGE_ERROR": -32007, "PARSE_ERROR": -32700}
 
 
 async def until(cond: Callable[[], object], what: str, timeout: float = WAIT) -> None:
@@ -86,6 +90,62 @@ async def python(*args: str, **kw: Any) -> asyncio.subprocess.Process:
         stderr=asyncio.subprocess.PIPE,
         **kw,
     )
+
+
+def capture(
+    folder: Path, name: str, source: str, edit: Callable[[list[str]], list[str]] = list
+) -> Path:
+    """A copy of pi's capture ``source`` as ``folder/name`` for ``fake_pi.py``; ``edit`` may
+    change its lines (pi's stdout), whose timeline stays the capture's. Returns its stem."""
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = (CAPTURES / f"{source}.jsonl").read_text().splitlines()
+    (folder / f"{name}.jsonl").write_text("".join(f"{line}\n" for line in edit(lines)))
+    (folder / f"{name}.timeline.txt").write_text((CAPTURES / f"{source}.timeline.txt").read_text())
+    return folder / name
+
+
+async def drive_pi(data: Path, fixture: str, *args: str, **kw: Any) -> asyncio.subprocess.Process:
+    """``python -m outbox drive --agent pi --json`` on ``data``, pi being ``fake_pi.py``
+    playing ``fixture`` (``{session}`` in it: each session its own capture)."""
+    pi = shlex.join([sys.executable, str(FAKE_PI), "--fixture", fixture, "--mode", "rpc"])
+    return await python(
+        "-m",
+        "outbox",
+        "drive",
+        "--agent",
+        "pi",
+        "--pi-command",
+        pi,
+        "--json",
+        "--data-dir",
+        str(data),
+        *args,
+        start_new_session=True,
+        **kw,
+    )
+
+
+async def finished(proc: asyncio.subprocess.Process) -> tuple[int, list[dict[str, Any]], str]:
+    """Wait (bounded) for a ``drive`` started with ``start_new_session`` to end: its exit
+    code, the facts it printed, its stderr.
+
+    One that has not ended in :data:`WAIT` is killed with its group (its host, its pis),
+    and the test fails, saying what it had printed.
+    """
+    talk = asyncio.ensure_future(proc.communicate())
+    done, _ = await asyncio.wait([talk], timeout=WAIT)
+    if not done:
+        assert os.getpgid(proc.pid) == proc.pid, "drive in a group of its own"
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        out, err = await talk
+        raise AssertionError(
+            f"drive did not end within {WAIT:.0f} s; its stderr ends:\n{err.decode()[-2000:]}"
+        )
+    out, err = talk.result()
+    facts = [json.loads(line) for line in out.decode().splitlines() if line.strip()]
+    assert proc.returncode is not None
+    return proc.returncode, facts, err.decode(errors="replace")
 
 
 async def reap(proc: asyncio.subprocess.Process) -> str:

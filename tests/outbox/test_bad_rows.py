@@ -16,9 +16,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from outbox import Journal, Outbox, RemoteError
+from outbox import Journal, Outbox, RemoteError, RowRefused
 from outbox._journal import Entry, _sealed
-from tests.outbox.kit import python, spawned, stored
+from tests.conftest import StartHost
+from tests.outbox.kit import FakeHost, python, spawned, stored
 
 ECHO = {  # pi's message_end for the prompt it was sent, verbatim (fixtures: text.jsonl)
     "role": "user",
@@ -211,3 +212,104 @@ async def test_rows_set_aside_are_kept_whole_when_the_disk_takes_part_of_a_write
     assert [r["message"] for r in aside] == [ECHO, TOOL_RESULT]
     async with Journal.open(str(path)) as journal:
         assert not journal.pending
+
+
+HOST_DEPTH = 979
+"""The deepest message the host reads inside a batch line, as the outbox sends rows: its
+decoder runs some twenty frames down CPython's 1,000 (980 is answered ``PARSE_ERROR``).
+Its first append of a run goes a frame deeper and reads one level less: such a row is set
+aside, never sent again (``test_a_row_the_host_cannot_parse_is_set_aside``)."""
+
+
+def nested(mid: str, depth: int) -> bytes:
+    """A row nesting ``depth`` levels (the message object is the first)."""
+    return b'{"id":"%s","role":"tool","n":%s%s}' % (
+        mid.encode(),
+        b"[" * (depth - 1),
+        b"]" * (depth - 1),
+    )
+
+
+def sized(mid: str, size: int) -> bytes:
+    """A row of exactly ``size`` bytes."""
+    head = b'{"id":"%s","role":"tool","content":"' % mid.encode()
+    return head + b"x" * (size - len(head) - 2) + b'"}'
+
+
+@pytest.mark.slow
+async def test_the_outbox_takes_every_row_the_host_takes_up_to_its_limits(
+    tmp_path: Path,
+) -> None:
+    """Nesting and size, at the host's bounds and one past them: the outbox refuses a row
+    only when the host would (here, inside a batch, as the drain sends it)."""
+    from host._wire import MAX_MESSAGE  # 64 MiB less the room kept for the host's fields
+
+    cases = {
+        "deepest": (nested("d0", HOST_DEPTH), False),
+        "one level deeper": (nested("d1", HOST_DEPTH + 1), True),
+        "longest": (sized("b0", MAX_MESSAGE), False),
+        "one byte longer": (sized("b1", MAX_MESSAGE + 1), True),
+    }
+    async with (
+        Outbox.open(str(tmp_path / "outbox.jsonl")) as box,
+        spawned(tmp_path / "host") as client,
+    ):
+        await client.call("session.create", {"sessionId": "s"})
+        await client.call("session.create", {"sessionId": "direct"})
+        warm = {"sessionId": "direct", "message": ok("warm")}
+        await client.call("session.appendMessage", warm)  # (see HOST_DEPTH)
+        disagree = []
+        for case, (row, bad) in sorted(cases.items()):
+            try:
+                await box.enqueue("s", row, "t1")
+                outbox_refused = False
+            except ValueError:
+                outbox_refused = True
+            params = {"sessionId": "direct", "message": msgspec.Raw(row)}
+            (result,) = await client.batch([("session.appendMessage", params)])
+            host_refused = isinstance(result, RemoteError)
+            if not outbox_refused == host_refused == bad:
+                disagree.append((case, outbox_refused, host_refused))
+        assert not disagree, "(case, outbox refused, host refused)"
+        box.attach(client)
+        await box.drain(20.0)
+        assert [m["id"] for m in await stored(client, "s")] == ["d0", "b0"], "the drain's too"
+
+
+async def test_a_row_the_host_cannot_parse_is_set_aside(tmp_path: Path) -> None:
+    """``PARSE_ERROR`` with the row's id: the host could not read that message (nested a
+    level past what its stack left it), and never will: it is set aside, not retried."""
+    host = FakeHost()
+    host.append_errors = ["PARSE_ERROR"]
+    async with Outbox.open(str(tmp_path / "outbox.jsonl")) as box:
+        box.attach(host)  # type: ignore[arg-type]
+        await box.enqueue("s", ok("d0"), "t1")
+        await box.enqueue("s", ok("after"), "t1")
+        await box.drain(10.0)
+        assert box.stats["dropped"] == 1 and box.depth == 0
+    assert host.ids("s") == ["after"]
+    aside = (tmp_path / "outbox.jsonl.rejected").read_text().splitlines()
+    assert [json.loads(line)["message"]["id"] for line in aside] == ["d0"]
+
+
+async def test_a_row_holding_half_a_surrogate_pair_is_refused_while_the_host_refuses_its_batch(
+    tmp_path: Path, start_host: StartHost
+) -> None:
+    """The host stores ``\\ud83d`` sent as a call of its own, but answers any batch line
+    holding one ``LIMIT_EXCEEDED``, ``id: null`` (``outbox._rows.HALF_PAIR`` says why): the
+    drain, which sends batches, could never deliver the row, nor be told. When the host
+    reads such a batch, this fails: the outbox is then to take these rows."""
+    row = b'{"id":"h0","role":"tool","content":"Bonjour \\ud83d"}'
+    async with Outbox.open(str(tmp_path / "outbox.jsonl")) as box:
+        with pytest.raises(RowRefused, match="half a UTF-16 surrogate pair"):
+            await box.enqueue("s", row, "t1")
+    host = await start_host(tmp_path / "host")
+    assert host.client is not None
+    await host.client.handshake()
+    await host.client.request("session.create", {"sessionId": "s"})
+    params = b'{"sessionId":"s","message":%s}' % row
+    call = b'{"jsonrpc":"2.0","id":%d,"method":"session.appendMessage","params":%s}'
+    assert "result" in await host.client.raw(call % (1001, params), rid=1001), "alone: stored"
+    await host.client.send_raw(b"[" + call % (1002, params.replace(b"h0", b"h1")) + b"]\n")
+    answer = await host.client.next_unmatched()
+    assert answer["id"] is None and answer["error"]["data"]["code"] == "LIMIT_EXCEEDED", answer

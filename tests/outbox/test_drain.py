@@ -167,7 +167,7 @@ async def test_a_drain_waiting_when_an_oversized_row_is_dropped_returns(
     path = str(tmp_path / "app" / "outbox.jsonl")
     async with Outbox.open(path) as box:
         await box.enqueue("s", {"id": "big", "role": "user", "content": "x" * 8192}, None)
-    monkeypatch.setattr("outbox._rows.ROW_LIMIT", 4096)  # a 64 MiB row, made small
+    monkeypatch.setattr("outbox._rows.MAX_MESSAGE", 4096)  # a 64 MiB row, made small
     async with Outbox.open(path) as box, spawned(tmp_path / "host") as client:
         await client.call("session.create", {"sessionId": "s"})
         waiting = asyncio.create_task(box.drain(10.0))

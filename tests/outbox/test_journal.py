@@ -250,7 +250,7 @@ async def test_entries_after_a_compaction_whose_folder_fsync_failed_are_kept(
     "row",
     [
         b'{"id":"t1","role":"tool","value":1e999}',  # JSON syntax no decoder can read back
-        b'{"id":"t1","role":"tool","n":' + b"[" * 300 + b"]" * 300 + b"}",  # past the host
+        b'{"id":"t1","role":"tool","n":' + b"[" * 3000 + b"]" * 3000 + b"}",  # past the host
     ],
 )
 async def test_a_row_the_host_or_client_could_not_read_is_refused_and_not_written(

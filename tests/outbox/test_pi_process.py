@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from outbox._pi import PiAgent, PiError, PiProcess
+from outbox._pi import PiAgent, PiError, PiProcess, Unreadable
 
 
 def program(code: str) -> list[str]:
@@ -20,11 +20,11 @@ def program(code: str) -> list[str]:
 async def lines_of(proc: PiProcess) -> list[object]:
     out = []
     while (ev := await proc.next()) is not None:
-        out.append(ev.get("type"))
+        out.append("(unreadable)" if isinstance(ev, Unreadable) else ev.get("type"))
     return out
 
 
-async def test_a_line_over_the_limit_is_skipped_and_reading_goes_on(
+async def test_an_event_over_the_limit_holds_its_place_stray_output_is_passed_over(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("outbox._pi.LINE_LIMIT", 4096)  # 256 MiB, made small
@@ -32,12 +32,15 @@ async def test_a_line_over_the_limit_is_skipped_and_reading_goes_on(
         "import sys; w = sys.stdout.write\n"
         'w(\'{"type": "before"}\\n\')\n'
         'w(\'{"type": "huge", "pad": "\' + \'x\' * 50000 + \'"}\\n\')\n'
-        "w('not json\\n')\n"
+        "w('not json\\n')\n"  # some library's warning: not an event, passed over
+        'w(\'{"type": "message_end", "message": {"ro\\n\')\n'  # an event, cut
+        "w('[1, 2]\\n')\n"  # JSON, but no event either
         'w(\'{"type": "text", "s": "a\\u2028b"}\\n\')\n'  # U+2028 is no line break
         'w(\'{"type": "after"}\\n\')\n'
     )
     proc = await PiProcess.start(program(code), cwd=str(tmp_path), env={}, stderr_path=None)
-    assert await lines_of(proc) == ["before", "text", "after"]
+    events = ["before", "(unreadable)", "(unreadable)", "text", "after"]
+    assert await lines_of(proc) == events
     assert await proc.close() == 0
 
 
