@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import run_cli
+from tests.conftest import run_view
 from tests.outbox.kit import capture, drive_pi, finished, spawned, stored
 
 OUTPUT = '"text":"hi\\n"'  # the tool's output, in every line that holds it (JSON text)
@@ -36,7 +36,7 @@ def deep_details(lines: list[str]) -> list[str]:
 
 
 async def turns(data: Path, session: str) -> list[tuple[str, str]]:
-    code, out, err = await run_cli("inspect", "--data-dir", str(data / "host"), session, "--json")
+    code, out, err = await run_view("inspect", "--data-dir", str(data / "host"), session, "--json")
     assert code == 0, err
     return [(t["turnId"], t["status"]) for t in json.loads(out)["turns"]]
 

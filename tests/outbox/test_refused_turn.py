@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import run_cli
+from tests.conftest import run_view
 from tests.outbox.kit import capture, drive_pi, finished, spawned, stored
 
 CALL = '"arguments":{"command":"echo hi"}'  # the tool call's arguments, wherever pi prints them
@@ -28,7 +28,7 @@ def depth(value: Any) -> int:
 
 
 async def turns(data: Path, session: str) -> list[tuple[str, str]]:
-    code, out, err = await run_cli("inspect", "--data-dir", str(data / "host"), session, "--json")
+    code, out, err = await run_view("inspect", "--data-dir", str(data / "host"), session, "--json")
     assert code == 0, err
     return [(t["turnId"], t["status"]) for t in json.loads(out)["turns"]]
 
