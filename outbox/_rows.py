@@ -8,7 +8,8 @@ the same id pattern and literals, so the reasons read as the host's ``INVALID_PA
 would (``tests/outbox/test_bad_rows.py`` checks the two agree, case by case). The outbox
 does not import the host, in the app another process, often in another language; only its
 reading of half surrogate pairs is shared (``outbox._read``), so that the two cannot read
-the same text apart. A row holding one is refused for now (:data:`HALF_PAIR`).
+the same text apart: a row holding one (``JSON.stringify``'s ``\ud83d``) is taken, as the
+host takes it, alone or in a batch.
 
 The bounds are the host's, never tighter (issue 36: a reply nested 300 levels, which the
 host stores, was refused here): a message of :data:`MAX_MESSAGE` bytes at most, nested
@@ -18,7 +19,6 @@ syntax no decoder reads: the host would store it, and every read of it would fai
 
 from __future__ import annotations
 
-import contextlib
 import re
 from typing import Annotated, Any, Literal
 
@@ -42,17 +42,6 @@ a run reads one level less: a row it refuses so is set aside. ``tests/outbox/tes
 holds this to the real host."""
 _ID = re.compile(ID_PATTERN)
 _ANY = msgspec.json.Decoder()
-HALF_PAIR = (
-    "message holds half a UTF-16 surrogate pair (an escape such as \\ud83d): the host stores"
-    " it as a call of its own, but refuses any batch line that holds one (LIMIT_EXCEEDED,"
-    " id: null), and the outbox delivers in batches"
-)
-"""Why a row holding half a surrogate pair is refused: ``host/_wire.batch_items`` tells the
-elements of a batch from its struct's defaults by identity, and ``host/_surrogates``
-restores every ``Raw`` as a new object, so each such line counts 1,025 elements. Sent, the
-row's batch would get an answer no call can be matched to, and be sent again for good. Once
-the host reads such a batch, these rows are to be taken (a half pair in a top-level key
-still refused: the host keeps keys as text); ``tests/outbox/test_bad_rows.py`` fails then."""
 
 
 class RowRefused(ValueError):
@@ -112,14 +101,14 @@ def refusal(session_id: str, message: bytes, turn_id: str | None) -> str | None:
     except UnicodeDecodeError as exc:
         return f"message is not UTF-8: {exc}"
     except msgspec.DecodeError as exc:
-        with contextlib.suppress(msgspec.DecodeError, RecursionError):
-            deep(read, _ANY, message)  # read as the host reads it: JSON, with a half pair
-            return HALF_PAIR
-        return f"message is not JSON the host and client can read: {exc}"
+        try:  # as the host reads it: JSON, a half surrogate pair kept
+            value = deep(read, _ANY, message)
+        except (msgspec.DecodeError, RecursionError):
+            return f"message is not JSON the host and client can read: {exc}"
     if (levels := depth(value)) > MAX_DEPTH:
         return f"message nests {levels} levels, deeper than the {MAX_DEPTH} the host reads"
     try:
-        head = deep(_HEAD.decode, message)
+        head = deep(read, _HEAD, message)
     except msgspec.ValidationError as exc:
         return f"message: {exc}"
     if head.capped:

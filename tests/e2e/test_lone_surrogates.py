@@ -173,3 +173,26 @@ async def test_outside_a_message_a_lone_surrogate_is_refused_with_the_requests_i
     assert bad["error"]["data"]["code"] == "INVALID_REQUEST"
     bad = await client.raw(b'{"jsonrpc":"2.0","id":"x\\ud83d","method":"session.list"}')
     assert (bad["id"], bad["error"]["data"]["code"]) == (None, "INVALID_REQUEST")
+
+
+async def test_a_batch_holding_a_lone_surrogate_is_served_as_one(
+    client: Client, data_dir: Path
+) -> None:
+    """Found by the producer side's review (issue 36): a batch line whose element held half
+    a surrogate pair was refused whole as ``LIMIT_EXCEEDED`` (over 1,024 elements) with
+    ``id: null``, though the same request alone was stored. The outbox drains in batches,
+    so such a row blocked its session's drain for good."""
+    await client.call("session.create", sessionId="s")
+    rid = client.next_id()
+    element = b'{"jsonrpc":"2.0","id":%d,"method":"session.appendMessage","params":' % rid
+    element += b'{"sessionId":"s","message":' + ODD + b"}}"
+    answer = client.expect_batch([rid])
+    stray = asyncio.ensure_future(client.next_unmatched())
+    await client.send_raw(b"[" + element + b"]\n")
+    done, _ = await asyncio.wait({answer, stray}, timeout=WAIT, return_when="FIRST_COMPLETED")
+    stray.cancel()
+    assert answer in done, f"the batch was refused: {stray.result()}"
+    assert answer.result() == [
+        {"jsonrpc": "2.0", "id": rid, "result": {"line": 0, "appended": True}}
+    ]
+    assert transcript(data_dir, "s").read_bytes() == ODD + b"\n"

@@ -16,9 +16,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from outbox import Journal, Outbox, RemoteError, RowRefused
+from outbox import Journal, Outbox, RemoteError
 from outbox._journal import Entry, _sealed
-from tests.conftest import StartHost
 from tests.outbox.kit import FakeHost, python, spawned, stored
 
 ECHO = {  # pi's message_end for the prompt it was sent, verbatim (fixtures: text.jsonl)
@@ -292,24 +291,22 @@ async def test_a_row_the_host_cannot_parse_is_set_aside(tmp_path: Path) -> None:
     assert [json.loads(line)["message"]["id"] for line in aside] == ["d0"]
 
 
-async def test_a_row_holding_half_a_surrogate_pair_is_refused_while_the_host_refuses_its_batch(
-    tmp_path: Path, start_host: StartHost
+async def test_a_row_holding_half_a_surrogate_pair_is_taken_and_delivered(
+    tmp_path: Path,
 ) -> None:
-    """The host stores ``\\ud83d`` sent as a call of its own, but answers any batch line
-    holding one ``LIMIT_EXCEEDED``, ``id: null`` (``outbox._rows.HALF_PAIR`` says why): the
-    drain, which sends batches, could never deliver the row, nor be told. When the host
-    reads such a batch, this fails: the outbox is then to take these rows."""
+    """``JSON.stringify`` writes half an emoji as ``\\ud83d``; the host stores it, alone or
+    in a batch. The outbox refused such rows while the host answered any batch line holding
+    one ``LIMIT_EXCEEDED``, ``id: null`` (its batch decode counted 1,025 elements): both are
+    mended, and the drain delivers the row as sent."""
     row = b'{"id":"h0","role":"tool","content":"Bonjour \\ud83d"}'
-    async with Outbox.open(str(tmp_path / "outbox.jsonl")) as box:
-        with pytest.raises(RowRefused, match="half a UTF-16 surrogate pair"):
-            await box.enqueue("s", row, "t1")
-    host = await start_host(tmp_path / "host")
-    assert host.client is not None
-    await host.client.handshake()
-    await host.client.request("session.create", {"sessionId": "s"})
-    params = b'{"sessionId":"s","message":%s}' % row
-    call = b'{"jsonrpc":"2.0","id":%d,"method":"session.appendMessage","params":%s}'
-    assert "result" in await host.client.raw(call % (1001, params), rid=1001), "alone: stored"
-    await host.client.send_raw(b"[" + call % (1002, params.replace(b"h0", b"h1")) + b"]\n")
-    answer = await host.client.next_unmatched()
-    assert answer["id"] is None and answer["error"]["data"]["code"] == "LIMIT_EXCEEDED", answer
+    async with (
+        Outbox.open(str(tmp_path / "outbox.jsonl")) as box,
+        spawned(tmp_path / "host") as client,
+    ):
+        await client.call("session.create", {"sessionId": "s"})
+        await box.enqueue("s", row, "t1")
+        box.attach(client)
+        await box.drain(20.0)
+        assert box.depth == 0 and box.stats["dropped"] == 0
+    transcript = (tmp_path / "host" / "sessions" / "s.jsonl").read_bytes()
+    assert b"Bonjour \\ud83d" in transcript
