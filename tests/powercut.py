@@ -26,6 +26,7 @@ A :class:`Disk` tracks one folder tree; the newest one for a root hears its call
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 import threading
@@ -37,7 +38,7 @@ from typing import Any
 SYNC_FLAGS = getattr(os, "RWF_DSYNC", 0) | getattr(os, "RWF_SYNC", 0)
 
 _DISKS: dict[str, weakref.ref[Disk]] = {}  # root -> the disk tracking it now
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()  # a collected disk is forgotten from wherever the GC runs
 
 
 def _path_of(fd: int) -> str:
@@ -46,12 +47,18 @@ def _path_of(fd: int) -> str:
 
 
 def _disk_of(path: str) -> Disk | None:
+    """The disk tracking ``path``: the one of the deepest root holding it."""
     with _LOCK:
-        refs = list(_DISKS.items())
-    for root, ref in refs:
-        if path == root or path.startswith(root + os.sep):
-            return ref()
-    return None
+        roots = [r for r in _DISKS if path == r or path.startswith(r + os.sep)]
+        ref = _DISKS[max(roots, key=len)] if roots else None
+    return ref() if ref is not None else None
+
+
+def _forget(root: str, ref: weakref.ref[Disk]) -> None:
+    """A disk was collected: its root is no longer tracked (unless a newer disk took it)."""
+    with _LOCK:
+        if _DISKS.get(root) is ref:
+            del _DISKS[root]
 
 
 def _fsync(fd: int) -> None:
@@ -132,7 +139,7 @@ class Disk:
                 self.mtime[uid] = st.st_mtime_ns
                 self.names[folder][name] = uid
         with _LOCK:
-            _DISKS[self.root] = weakref.ref(self)
+            _DISKS[self.root] = weakref.ref(self, functools.partial(_forget, self.root))
 
     def counts(self) -> bool:
         """Whether the sync now running makes anything durable (a model may say no)."""
