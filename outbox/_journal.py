@@ -112,6 +112,9 @@ class Journal:
 
     def _load(self) -> None:
         os.makedirs(os.path.dirname(self.path) or ".", mode=0o700, exist_ok=True)
+        # A new journal's name is durable only once its folder is: until then a power cut
+        # takes the file, and every entry reported durable in it, away (issue 37).
+        self._dir_synced = os.path.lexists(self.path)
         try:  # the only copy of the rows not yet sent: refused, never moved aside
             self._fd = open_regular(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
         except NotRegularFile as exc:
@@ -289,7 +292,7 @@ class Journal:
         self._sync_dir()
 
     def _sync_dir(self) -> None:
-        """fsync the journal's folder, so the compacted file's name is durable.
+        """fsync the journal's folder, so the name of a new or compacted file is durable.
 
         Until it succeeds no entry is reported durable (``_fsync`` retries it first): a
         power cut could otherwise bring the old file back without them.

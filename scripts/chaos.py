@@ -631,6 +631,23 @@ class ProducerTrack:
 PROMPT_ID = re.compile(r"^(?P<sid>[^-]+)-r(?P<run>\d+)-t(?P<k>\d+)-u$")
 
 
+def unreported_cut(rows: Sequence[Row], revs: dict[str, Row], missing: set[str]) -> bool:
+    """Whether ``missing`` is one branch cut by a truncation the kill kept unreported.
+
+    ``drive`` reports a cut right after ``truncateFrom`` returns, so a kill in between (or
+    after the host recorded the cut's intent, which its next start finishes) leaves the
+    session ending at its last user row, stamped for a branch to come, with the cut branch
+    in that row's archive. ``revs``: ``listRevisions`` (with messages) by root id.
+    """
+    if not rows or rows[-1]["role"] != "user":
+        return False
+    root = rows[-1]
+    res = revs.get(root["id"])
+    if res is None or root.get("activeRevision") != len(res["revisions"]):
+        return False
+    return missing <= {m["id"] for r in res["revisions"] for m in r.get("messages", [])}
+
+
 def caller_fields(row: Row) -> Row:
     return {k: v for k, v in row.items() if k not in (*PAGER_KEYS, "turnId")}
 
@@ -1140,7 +1157,7 @@ class Chaos:
         all_archived = set().union(*archived.values()) if archived else set()
         durable = [i for i in track.durable.get(sid, []) if i not in track.cut | track.lost]
         missing = [i for i in durable if i not in present]
-        if missing and self.unreported_cut(sid, rows, revs, archived, set(missing)):
+        if missing and unreported_cut(rows, revs, set(missing)):
             track.cut.update(missing)
             self.stats["cuts applied but killed before reported"] += 1
             missing = []
@@ -1175,28 +1192,6 @@ class Chaos:
             self.report.violation(kill, f"{sid}: cut rows not in any archive: {unarchived[:10]}")
         for row in rows:
             self.check_content(track, sid, row, kill)
-
-    def unreported_cut(
-        self,
-        sid: str,
-        rows: list[Row],
-        revs: dict[str, Row],
-        archived: dict[str, set[str]],
-        missing: set[str],
-    ) -> bool:
-        """Whether ``missing`` is one branch cut by a truncation the kill kept unreported.
-
-        ``drive`` reports a cut right after ``truncateFrom`` returns, so a kill in between
-        leaves the session ending at its last user row, stamped for a branch to come, with
-        the cut branch in that row's archive.
-        """
-        if not rows or rows[-1]["role"] != "user":
-            return False
-        root = rows[-1]
-        res = revs.get(root["id"])
-        if res is None or root.get("activeRevision") != len(res["revisions"]):
-            return False
-        return missing <= archived.get(root["id"], set())
 
     def check_content(self, track: ProducerTrack, sid: str, row: Row, kill: int) -> None:
         mid = row["id"]

@@ -1,10 +1,13 @@
 """A file system that knows what a power cut would keep: only what was fsynced.
 
-A file's bytes survive as of its last ``fsync``; a name in a folder survives as of the
-folder's last ``fsync`` (so a create, rename, link or unlink is durable only then). The
-store's every file operation goes through the ``FileSystem`` seam, so this class sees
-them all. ``image()`` writes the data dir as it would be found after the cut: unsynced
-bytes dropped (or torn: half of an unsynced append kept), unsynced names undone.
+A file's bytes survive as of its last ``fsync`` (or the ``pwritev`` with ``RWF_DSYNC``
+that wrote them); a name in a folder survives as of the folder's last ``fsync`` (so a
+create, rename, link or unlink is durable only then). The store's every file operation
+goes through the ``FileSystem`` seam, so this class sees them all, to crash at one or
+leave one fsync out; but what became durable is judged from the system calls ``host._fs``
+made (:mod:`tests.powercut`), never from which seam method ran: the model must not trust
+the code it judges. ``image()`` writes the data dir as it would be found after the cut:
+unsynced bytes dropped (or torn: half of an unsynced append kept), unsynced names undone.
 
 SQLite is outside the seam, so the model keeps what SQLite's documented rule makes
 durable (sqlite.org/pragma.html#pragma_synchronous, sqlite.org/wal.html): in WAL mode,
@@ -21,53 +24,50 @@ Inode numbers: an image's files are new files, with new numbers. ext4 hands a fr
 inode number to the next file at once, so a transcript rewritten twice can have the number
 the index remembers for an older file; the model assumes the worst and gives every
 index row the number of the file now at its session's path. A file's mtime is as of its
-last fsync (what the journal commits with its data).
+last fsync (what the journal commits with its data), or of its last ``RWF_DSYNC`` write
+that grew it (``fdatasync`` logs the inode only when the size changed).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
+import threading
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
+import host._fs
 from host import FileSystem
 from host._fs import Buffer
 from tests.host.inproc import FS_CALLS, Crash, tick_before
+from tests.powercut import Disk, watch
+
+watch(host._fs)  # the seam's system calls are judged, not its method names
 
 INDEX_FILES = ("index.sqlite3", "index.sqlite3-wal", "index.sqlite3-shm")
 
 
-class PowerLossFileSystem(FileSystem):
-    """Tracks durability; may crash at its Nth operation or skip its Kth fsync."""
+class PowerLossFileSystem(FileSystem, Disk):
+    """Tracks durability; may crash at its Nth operation or skip its Kth fsync.
+
+    What is durable is decided by :class:`tests.powercut.Disk` from the system calls
+    ``host._fs`` makes (``fsync``, ``pwritev`` with ``RWF_DSYNC``), never by the seam's
+    method names: a ``write_synced`` that forgets its flag keeps nothing here.
+    """
 
     def __init__(self, root: str, crash_at: int = 0, skip_fsync: int = 0) -> None:
-        self.root = os.path.abspath(root)
+        Disk.__init__(self, root)
         self.crash_at = crash_at
         self.skip_fsync = skip_fsync
         self.calls = 0
         self.fsyncs = 0
         self.callers: list[str] = []  # the store function behind each counted fsync
         self.armed = False
-        self._next_uid = 0
-        self.uid: dict[int, int] = {}  # inode -> identity of the file now using it
-        self.data: dict[int, bytes] = {}  # identity -> bytes as of its last fsync
-        self.names: dict[str, dict[str, int]] = {}  # folder -> {name: identity} as synced
-        self.dirs: set[str] = set()
-        self.mtime: dict[int, int] = {}  # identity -> mtime as of its last fsync
+        self._leaving_out = threading.local()  # the seam call whose syncs "did not happen"
         self.index_synced: dict[str, bytes] = {}  # the index as of SQLite's last sync
         self.index_commits: list[dict[str, bytes]] = []  # after each commit since then
         self.commits = self.synced_commits = 0
-        for folder, _dirs, files in os.walk(self.root):
-            self.dirs.add(folder)
-            self.names[folder] = {}
-            for name in files:
-                path = os.path.join(folder, name)
-                uid = self._new_uid(os.stat(path).st_ino)
-                with open(path, "rb") as f:
-                    self.data[uid] = f.read()
-                self.mtime[uid] = os.stat(path).st_mtime_ns
-                self.names[folder][name] = uid
         # What a clean stop left (its last checkpoint synced it): durable.
         self.index_synced = self._index_files()
 
@@ -92,6 +92,19 @@ class PowerLossFileSystem(FileSystem):
         else:  # NORMAL: in the page cache until a checkpoint
             self.index_commits.append(files)
 
+    def counts(self) -> bool:
+        return not getattr(self._leaving_out, "now", False)
+
+    @contextlib.contextmanager
+    def _unless(self, skipped: bool) -> Iterator[None]:
+        """Run a seam call; when ``skipped``, whatever it syncs "did not happen"."""
+        outer = getattr(self._leaving_out, "now", False)
+        self._leaving_out.now = outer or skipped
+        try:
+            yield
+        finally:
+            self._leaving_out.now = outer
+
     def _skipped(self, kind: str) -> bool:
         """Count an fsync of the write under test; whether it is the one to leave out."""
         if not self.armed:
@@ -102,11 +115,6 @@ class PowerLossFileSystem(FileSystem):
         self.callers.append(f"{site}/{kind}")  # the line of code that asked for it
         return self.fsyncs == self.skip_fsync
 
-    def _new_uid(self, ino: int) -> int:
-        self._next_uid += 1
-        self.uid[ino] = self._next_uid
-        return self._next_uid
-
     def _tick(self, what: str = "") -> None:
         if not self.armed:
             return
@@ -114,52 +122,22 @@ class PowerLossFileSystem(FileSystem):
         if self.crash_at and self.calls >= self.crash_at:
             raise Crash(f"power cut at file operation {self.calls}")
 
-    # -- the operations that change what would survive --------------------------------
-
-    def open(self, path: str, flags: int, mode: int = 0o600) -> int:
-        self._tick()
-        existed = os.path.exists(path)
-        fd = super().open(path, flags, mode)
-        ino = os.fstat(fd).st_ino
-        if not existed or ino not in self.uid:
-            self.data.setdefault(self._new_uid(ino), b"")
-        return fd
+    # -- the seam calls that ask for durability (the system calls decide what they got) -
 
     def fsync(self, fd: int) -> None:
         self._tick()
-        super().fsync(fd)
-        if self._skipped("fsync"):
-            return  # this fsync "did not happen": nothing becomes durable
-        self._keep(fd)
-
-    def _keep(self, fd: int) -> None:
-        """The file's bytes and mtime are durable as they are now."""
-        st = os.fstat(fd)
-        uid = self.uid[st.st_ino]
-        with open(f"/proc/self/fd/{fd}", "rb") as f:  # fd may be write-only
-            self.data[uid] = f.read()
-        self.mtime[uid] = st.st_mtime_ns
+        with self._unless(self._skipped("fsync")):
+            super().fsync(fd)
 
     def write_synced(self, fd: int, parts: Sequence[Buffer]) -> None:
         self._tick()
-        FileSystem.write_synced(self, fd, parts)
-        if self._skipped("write_synced"):
-            return  # its flush "did not happen": the bytes are only in the page cache
-        self._keep(fd)
+        with self._unless(self._skipped("write_synced")):
+            FileSystem.write_synced(self, fd, parts)
 
     def fsync_dir(self, path: str) -> None:
         self._tick()
-        super().fsync_dir(path)
-        if self._skipped("fsync_dir"):
-            return
-        folder = os.path.abspath(path)
-        entries = {}
-        for name in os.listdir(folder):
-            full = os.path.join(folder, name)
-            if os.path.isfile(full):
-                ino = os.stat(full).st_ino
-                entries[name] = self.uid[ino] if ino in self.uid else self._new_uid(ino)
-        self.names[folder] = entries
+        with self._unless(self._skipped("fsync_dir")):
+            super().fsync_dir(path)
 
     def mkdir(self, path: str) -> None:
         self._tick()
@@ -178,24 +156,11 @@ class PowerLossFileSystem(FileSystem):
         SQLite's last sync lost) or ``"middle"`` (the first half of those survived).
         """
         os.makedirs(target)
-        for folder in sorted(self.dirs):
-            rel = os.path.relpath(folder, self.root)
-            out = os.path.join(target, rel)
-            os.makedirs(out, exist_ok=True)
-            for name, uid in self.names.get(folder, {}).items():
-                if name in INDEX_FILES and folder == self.root:
-                    continue
-                data = self.data.get(uid, b"")
-                if torn:
-                    live = os.path.join(folder, name)
-                    current = _read(live) if os.path.exists(live) else b""
-                    if current.startswith(data) and len(current) > len(data):
-                        data = current[: len(data) + (len(current) - len(data)) // 2]
-                path = os.path.join(out, name)
-                with open(path, "wb") as f:
-                    f.write(data)
-                if uid in self.mtime:
-                    os.utime(path, ns=(self.mtime[uid], self.mtime[uid]))
+        self.image_files(
+            target,
+            torn=torn,
+            skip=lambda folder, name: name in INDEX_FILES and folder == self.root,
+        )
         files = self._index_files()
         if index == "synced":
             files = self.index_synced
@@ -233,5 +198,5 @@ def _read(path: str) -> bytes:
 
 tick_before(
     PowerLossFileSystem,
-    tuple(n for n in FS_CALLS if n not in ("open", "write_synced", "fsync", "fsync_dir", "mkdir")),
+    tuple(n for n in FS_CALLS if n not in ("write_synced", "fsync", "fsync_dir", "mkdir")),
 )

@@ -13,9 +13,11 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from host import FileSystem
 from tests.conftest import RpcError
-from tests.host.inproc import msg, open_host
+from tests.host.inproc import Crash, msg, open_host
 
 
 class FailingCommits(FileSystem):
@@ -113,3 +115,39 @@ async def test_a_replay_while_its_failed_batch_waits_for_reconcile_is_not_stored
         assert await ids(call) == ["m0"]
     async with open_host(str(data)) as call:
         assert await ids(call) == ["m0"]
+
+
+class KilledAtTheCommit(FileSystem):
+    """A process killed (``Crash``) at its first index transaction once ``armed``."""
+
+    armed = False
+
+    def sqlite(self, kind: str) -> None:
+        if self.armed and kind == "write":
+            raise Crash("killed before the index commit")
+
+
+# An outside mutant run (issue 37): a start that reconciled only a transcript shorter than
+# its index rows was caught by a stats counter alone; session.list then reported the rows
+# the index had, not the file's.
+async def test_answered_appends_a_kill_kept_out_of_the_index_are_listed_and_read(tmp_path: Path):
+    """A kill after the answers, before their rows' commit: the transcript is longer than
+    its index. The next start indexes the lines before it serves anything, so the session
+    list counts them and a read returns them."""
+    data = tmp_path / "data"
+    async with open_host(str(data)) as call:
+        await call("session.create", sessionId="s")
+        await call("session.appendMessage", sessionId="s", message=msg("m0"))
+    fs = KilledAtTheCommit()
+    with pytest.raises(Crash):
+        async with open_host(str(data), fs) as call:
+            for mid in ("m1", "m2"):
+                answered = await call("session.appendMessage", sessionId="s", message=msg(mid))
+                assert answered["appended"] is True
+            fs.armed = True
+            await call("session.get", sessionId="s")  # its wait for the rows' commit: killed
+    assert index_ids(data, "s") == ["m0"]  # the file has three lines, the index one
+    async with open_host(str(data)) as call:
+        listed = (await call("session.list"))["sessions"]
+        assert [(s["sessionId"], s["messageCount"]) for s in listed] == [("s", 3)]
+        assert await ids(call) == ["m0", "m1", "m2"]

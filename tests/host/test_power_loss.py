@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.host.inproc import Crash, open_host
+from tests.host.inproc import Crash, msg, open_host
 from tests.host.powerloss import PowerLossFileSystem
 from tests.host.scenario import OPS, PRE, prepare, state
 
@@ -132,3 +132,33 @@ async def test_every_fsync_in_the_store_is_needed(base: str, tmp_path: Path) -> 
     unproven = sorted(set(sites) - set(proven) - UNPROVABLE)
     assert unproven == [], f"fsyncs whose removal breaks nothing: {unproven}"
     assert len(proven) >= 6
+
+
+# Found by an outside mutant run (issue 37): with ``pwritev`` not asked for RWF_DSYNC, a
+# checkpoint was answered ``saved: true`` from the page cache, and this model, which then
+# trusted ``write_synced``, kept it. It now judges the system calls (tests/powercut.py).
+async def test_an_answered_checkpoint_survives_a_power_cut(tmp_path: Path) -> None:
+    """``saved: true`` means durable: after a power cut the connect sequence promotes that
+    snapshot, for the first save of a reply (a new file) and for later ones (the spare)."""
+    data = str(tmp_path / "data")
+    async with open_host(data) as call:
+        await call("session.create", sessionId="s")
+        await call("session.beginTurn", sessionId="s", turnId="t", prompt=msg("u", "user"))
+    fs = PowerLossFileSystem(data)
+    async with open_host(data, fs) as call:
+        for n in (1, 2, 3):
+            text = f"snapshot {n} " + str(n) * (4000 * n)
+            saved = await call(
+                "session.saveInflightMessage",
+                sessionId="s",
+                turnId="t",
+                message=msg("r", content=text),
+            )
+            assert saved == {"saved": True}
+            image = str(tmp_path / f"cut-after-save-{n}")
+            fs.image(image)  # the power goes right after the answer
+            async with open_host(image) as after:
+                recovered = await after("session.recoverInflightMessages")
+                assert [r["messageId"] for r in recovered["recovered"]] == ["r"], n
+                page = await after("session.get", sessionId="s")
+                assert page["messages"][-1]["content"] == text, n

@@ -83,6 +83,21 @@ async def _started(data: str) -> Any:
     return state
 
 
+async def _copy(base: str, run: str) -> None:
+    """Copy ``base`` to ``run`` and start a host on it once, before a model tracks it.
+
+    A copy's files are new inodes the index does not know, so the first start rescans
+    them and marks the session dirty with a synced commit; the commit that clears the
+    mark is not synced. Left to the model, that mark would be in every "synced" image and
+    every start on one would rescan the whole file: a change that forgot its own dirty
+    mark would go unseen (issue 37). Started once here, the copy is settled, as a data
+    dir that a host stopped cleanly is.
+    """
+    shutil.copytree(base, run)
+    async with open_host(run):
+        pass
+
+
 async def _expected(base: str, steps: list[Step], tmp: Path) -> list[Any]:
     """The state after each prefix of ``steps``, with no power cut."""
     out = []
@@ -100,7 +115,7 @@ async def _cut_after_each(base: str, steps: list[Step], tmp: Path) -> list[str]:
     """Run ``steps`` once on the model; after each answer, image the cut; check every image."""
     expected = await _expected(base, steps, tmp)
     run = str(tmp / "run")
-    shutil.copytree(base, run)
+    await _copy(base, run)
     fs = PowerLossFileSystem(run)
     images: list[tuple[int, str, str]] = []
     async with open_host(run, fs) as call:
@@ -132,7 +147,7 @@ async def test_a_retried_truncate_after_equal_width_appends_keeps_them(tmp_path:
     base = str(tmp_path / "base")
     await _base(base)
     run = str(tmp_path / "run")
-    shutil.copytree(base, run)
+    await _copy(base, run)
     fs = PowerLossFileSystem(run)
     async with open_host(run, fs) as call:
         fs.arm()
@@ -167,6 +182,52 @@ async def test_equal_width_truncate_and_appends_survive_every_cut(tmp_path: Path
     assert await _cut_after_each(base, REPRO, tmp_path) == []
 
 
+async def _regenerated(data: str, pad: str, fs: PowerLossFileSystem | None = None) -> int:
+    """Regenerate from ``a0001`` in ``data``, then append ``pad`` and two rows; return the
+    transcript's size after the regenerate."""
+    async with open_host(data, fs) as call:
+        if fs is not None:
+            fs.arm()
+        cut = await call("session.truncateFrom", sessionId="s", fromMessageId="a0001")
+        assert cut["archived"] == 9
+        size = os.path.getsize(os.path.join(data, "sessions", "s.jsonl"))
+        for m in (msg("pad", content=pad), line("n0001"), line("n0002")):
+            assert (await call("session.appendMessage", sessionId="s", message=m))["appended"]
+    return size
+
+
+async def test_a_regenerate_then_appends_ending_where_the_file_ended_survive_a_cut(
+    tmp_path: Path,
+) -> None:
+    """A regenerate writes its root line over in place and cuts the file; appends may then
+    end a line exactly where the old file ended. A power cut that takes back the index's
+    commits since must not leave the old rows standing for the new bytes: the session was
+    marked dirty, durably, before the cut."""
+    base = str(tmp_path / "base")
+    async with open_host(base) as call:
+        await call("session.create", sessionId="s")
+        await call("session.appendMessage", sessionId="s", message=line("u0000", "user"))
+        for i in range(1, 10):
+            await call("session.appendMessage", sessionId="s", message=line(f"a{i:04d}"))
+    old = os.path.getsize(os.path.join(base, "sessions", "s.jsonl"))
+    probe = str(tmp_path / "probe")  # how long the pad must be: measured on a copy
+    await _copy(base, probe)
+    cut = await _regenerated(probe, "")
+    with open(os.path.join(probe, "sessions", "s.jsonl"), "rb") as f:
+        empty_pad = len(f.read().split(b"\n")[1]) + 1
+    pad = "x" * (old - cut - empty_pad)
+    run = str(tmp_path / "run")
+    await _copy(base, run)
+    fs = PowerLossFileSystem(run)
+    await _regenerated(run, pad, fs)
+    with open(os.path.join(run, "sessions", "s.jsonl"), "rb") as f:
+        assert f.read()[old - 1 : old] == b"\n", "the pad's line ends where the file ended"
+    img = str(tmp_path / "img")
+    fs.image(img, index="synced")
+    state = await _started(img)
+    assert [mid for mid, _, _ in state["s"][0]] == ["u0000", "pad", "n0001", "n0002"]
+
+
 TURN_STEPS: list[Step] = [
     ("session.beginTurn", {"sessionId": "s", "turnId": "t1", "prompt": line("u1", "user")}),
     append("a1", turnId="t1"),
@@ -189,7 +250,7 @@ async def test_a_completed_turn_survives_a_power_cut_and_a_lost_index(tmp_path: 
     base = str(tmp_path / "base")
     await _base(base, 0)
     run = str(tmp_path / "run")
-    shutil.copytree(base, run)
+    await _copy(base, run)
     fs = PowerLossFileSystem(run)
     async with open_host(run, fs) as call:
         fs.arm()
@@ -264,7 +325,7 @@ async def test_a_line_damaged_on_disk_is_set_aside_for_good(tmp_path: Path) -> N
     base = str(tmp_path / "base")
     await _base(base, 10)
     run = tmp_path / "run"
-    shutil.copytree(base, run)
+    await _copy(base, str(run))
     fs = PowerLossFileSystem(str(run))
     async with open_host(str(run), fs) as call:
         fs.arm()
