@@ -68,7 +68,7 @@ async def test_a_started_append_is_not_stopped_by_a_cancel(tmp_path: Path) -> No
     fs = HeldFlush()
     async with open_host(str(data), fs) as call:
         await call("session.create", sessionId="s")
-        fsyncs = call.host.store.fsyncs
+        fsyncs = call.host.registry.fsyncs
         fsyncs.average = 10 * fsyncs.SLOW  # the flush runs on a thread: the loop is free
         fs.hold = True
 
