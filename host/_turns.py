@@ -14,7 +14,6 @@ import logging
 
 from msgspec import UNSET, Raw
 
-from host._call import CallState
 from host._checkpoints import Checkpoint
 from host._errors import AgentBusy, InvalidParams, NotFound
 from host._messages import Head, Status, incoming_head, parse_incoming, parse_stored
@@ -192,14 +191,11 @@ class TurnMethods:
         self.store.count("checkpoints.promoted")
         return RecoveredRow(session_id=sid, message_id=msg.id, turn_id=cp.turn_id, status=status)
 
-    async def recover_inflight(
-        self, p: EmptyParams, call: CallState | None = None
-    ) -> RecoverResult:
-        """Settle every session's leftover checkpoint, each under its session's lock;
-        ``call`` counts as started from the first (docs/protocol.md, Cancellation)."""
+    async def recover_inflight(self, p: EmptyParams) -> RecoverResult:
+        """Settle every session's leftover checkpoint, each under its session's lock."""
         out: list[RecoveredRow] = []
         for sid in sorted(self.checkpoints.present):
-            async with self.store.locks.hold(sid, call):
+            async with self.store.locks.hold(sid):
                 row = await self._settle_leftover(sid, wait_completed=False)
                 if row is not None:
                     out.append(row)
