@@ -289,7 +289,8 @@ class Connection:
                     task.add_done_callback(functools.partial(self._task_done, call))
         finally:
             self._running = False
-            self._flush()
+            if self._out:
+                self._flush()
         self._flow()
         if died is not None:
             raise died
@@ -506,23 +507,13 @@ class Connection:
         call.ended = True
         if not call.note and self.calls.get(_key(call.rid)) is call:
             del self.calls[_key(call.rid)]
-        wrote = False
-        batch = call.batch
-        if batch is None:
+        if call.batch is not None:
+            wrote = self._batch_done(call.batch)
+        else:
+            wrote = call.body is not None
             if call.body is not None:
                 self._write(call.body)
-                wrote = True
             self._job_done(call)
-        else:
-            batch.left -= 1
-            if not batch.left:
-                answers = [p.body if isinstance(p, _Call) else p for p in batch.parts]
-                batch.parts = []  # no cycle left for the collector
-                bodies = [b for b in answers if b is not None]
-                if bodies:
-                    self._write(_fit_batch(bodies))
-                    wrote = True
-                self._job_done(batch)
         if call.place is None:
             if call in self._gate:  # its task was cancelled there
                 self._leave_gate(call)
@@ -533,6 +524,19 @@ class Connection:
                 self._big -= 1
                 self._open_gate()
         return wrote
+
+    def _batch_done(self, batch: _Batch) -> bool:
+        """One call of ``batch`` ended: answer the batch if it was the last one."""
+        batch.left -= 1
+        if batch.left:
+            return False
+        answers = [p.body if isinstance(p, _Call) else p for p in batch.parts]
+        batch.parts = []  # no cycle left for the collector
+        bodies = [b for b in answers if b is not None]
+        if bodies:
+            self._write(_fit_batch(bodies))
+        self._job_done(batch)
+        return bool(bodies)
 
     def _task_done(self, call: _Call, task: asyncio.Future[Any]) -> None:
         self.tasks.discard(task)

@@ -70,15 +70,16 @@ class Ticket:
         self.params = params
         self.blocked = 0  # queues it is in whose head it is not
         self.started = False
-        self.turn: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        """``None`` once it holds its queues; else its answer, given by the holder ahead
-        (group commit), or the error that ends its wait (``RequestCancelled``)."""
+        self.turn: asyncio.Future[Any] | None = None
+        """What it waits on when it had to wait: resolved with ``None`` once it holds its
+        queues, else with its answer, given by the holder ahead (group commit), or with
+        the error that ends its wait (``RequestCancelled``)."""
 
     async def run(self) -> Any:
         """Wait for its turn, then run its call (with those its group takes from behind
         it, whose waits it ends with their answers); leave its queues however it ends."""
         try:
-            answer = await self.turn
+            answer = None if self.turn is None else await self.turn
             if answer is None:
                 method = self.method
                 if method.group == 1:
@@ -88,10 +89,10 @@ class Ticket:
                     answers = await method.handler([self.params, *(t.params for t in behind)])
                 except BaseException as exc:
                     for t in behind:
-                        t.turn.set_result(exc)
+                        t._end_wait(exc)
                     raise
                 for t, answer in zip(behind, answers[1:], strict=True):
-                    t.turn.set_result(answer)
+                    t._end_wait(answer)
                 answer = answers[0]
             if isinstance(answer, BaseException):
                 raise answer
@@ -115,10 +116,10 @@ class Ticket:
     def cancel(self) -> bool:
         """Leave the queues if the call has not started (its wait ends with
         ``REQUEST_CANCELLED``); whether it did."""
-        if self.started or self.turn.done():
+        if self.started or not self.keys:
             return False
         self.leave()
-        self.turn.set_result(RequestCancelled("cancelled before it started"))
+        self._end_wait(RequestCancelled("cancelled before it started"))
         return True
 
     def leave(self) -> None:
@@ -129,7 +130,11 @@ class Ticket:
 
     def _start(self) -> None:
         self.started = True
-        self.turn.set_result(None)
+        self._end_wait(None)
+
+    def _end_wait(self, answer: Any) -> None:
+        if self.turn is not None and not self.turn.done():  # not if its task was cancelled
+            self.turn.set_result(answer)
 
 
 class LockTable:
@@ -152,8 +157,10 @@ class LockTable:
             else:
                 queue.append(ticket)
                 ticket.blocked += 1
-        if not ticket.blocked:
-            ticket._start()
+        if ticket.blocked:
+            ticket.turn = asyncio.get_running_loop().create_future()
+        else:
+            ticket.started = True  # it holds its queues now: nothing to wait for
         return ticket
 
     def queue(self, key: str) -> deque[Ticket]:
@@ -165,7 +172,8 @@ class LockTable:
         queued behind every call already admitted to it."""
         ticket = self.enqueue((key,))
         try:
-            await ticket.turn
+            if ticket.turn is not None:
+                await ticket.turn
             yield
         finally:
             ticket.leave()
