@@ -181,7 +181,9 @@ class _Call:
         "waiting",
     )
 
-    def __init__(self, method: str, params: Any, rid: Any, note: bool, batch: _Batch | None):
+    def __init__(
+        self, method: str, params: Any, rid: Any, note: bool, batch: _Batch | None
+    ) -> None:
         self.method = method
         self.params = params
         self.rid = rid
