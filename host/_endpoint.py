@@ -4,29 +4,28 @@ One pipeline serves every request (docs/design.md, "One request pipeline"):
 
 1. :meth:`Connection.read` takes each line the reader hands on and decodes it: the
    one-pass decode for a valid request, the two-phase one to name an invalid one's
-   error. A handshake, a cancel and an error are answered at once; a call is handed to
-   the service (:meth:`Service.submit`), which queues it on its session in arrival order.
-2. At the end of each read, :meth:`Connection.run_ready` starts the calls of that read in
-   order. Each runs at once, in the read callback, as far as it can: a call that finds
-   its session idle and needs nothing but the loop ends there (*inline*); one that must
-   wait (its session busy, a thread, the index) goes on as a task (*queued*).
+   error. A handshake, a cancel and an error are answered at once. A call passes the
+   connection's gate (flow control, in arrival order): admitted, it is handed to the
+   service (:meth:`Service.submit`), which puts it in its session's queue, now.
+2. At the end of each read, :meth:`Connection.run_ready` gives each call of that read a
+   task, in order: every step of a call runs in its task. The session's queue alone
+   decides when it runs.
 3. Its answer is written once it ends; answers written in one pass go out in one write.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import deque
-from collections.abc import Collection, Coroutine, Generator, Hashable
-from collections.abc import Coroutine as CoroutineABC
+from collections.abc import Collection, Coroutine, Hashable
 from typing import Any, Protocol
 
 import msgspec
 from msgspec import UNSET, Raw, Struct
 
-from host._call import CallState
 from host._errors import (
     HostError,
     InvalidParams,
@@ -67,6 +66,22 @@ from host._wire import (
 
 log = logging.getLogger("host.rpc")
 _RAW = msgspec.json.Decoder(Raw)
+_EAGER = getattr(asyncio, "eager_task_factory", None)
+"""Python 3.12+: a call's task takes its first step at once, in the read callback (as a
+task all the same); on 3.11 it takes it in the loop's next pass."""
+
+
+class Place(Protocol):
+    """A call's place in the queues the service put it in (``host._locks.Ticket``)."""
+
+    def run(self) -> Coroutine[Any, Any, Struct]:
+        """Wait for the call's turn, run it and leave the queues; return its result."""
+
+    def cancel(self) -> bool:
+        """Leave the queues if the call has not started; whether it did."""
+
+    def leave(self) -> None:
+        """Leave the queues (idempotent)."""
 
 
 class Service(Protocol):
@@ -80,8 +95,8 @@ class Service(Protocol):
     def big_results(self) -> Collection[str]:
         """Methods whose answer is not bounded by their request (reads): one at a time."""
 
-    def submit(self, method: str, params: Any, call: CallState) -> Coroutine[Any, Any, Struct]:
-        """Queue a decoded call, now (its place is its arrival), and return what runs it."""
+    def submit(self, method: str, params: Any) -> Place:
+        """Queue a decoded call on its session, now: its place is its admission."""
 
 
 class Writer(Protocol):
@@ -120,8 +135,6 @@ class Stats:
         self.samples: dict[str, deque[float]] = {}
         self.paused = 0  # connections whose reading flow control has paused
         self.waiting = 0  # calls waiting for their client to read (the gate)
-        self.inline = 0  # calls that ended in the read callback that started them
-        self.queued = 0  # calls that had to wait, and went on as a task
 
     def record(self, method: str, seconds: float, ok: bool) -> None:
         self.calls[method] = self.calls.get(method, 0) + 1
@@ -154,68 +167,46 @@ def _result(rid: Any, result: Any) -> bytes:
 class _Call:
     """One decoded call, from its line to its answer."""
 
-    __slots__ = ("body", "coro", "note", "reply", "rid", "size", "state", "tally")
+    __slots__ = (
+        "batch",
+        "big",
+        "body",
+        "ended",
+        "method",
+        "note",
+        "params",
+        "place",
+        "rid",
+        "size",
+        "waiting",
+    )
 
     def __init__(
-        self,
-        state: CallState,
-        coro: Coroutine[Any, Any, Struct],
-        rid: Any,
-        *,
-        note: bool,
-        reply: bool,
-        tally: _Tally | None,
+        self, method: str, params: Any, rid: Any, note: bool, batch: _Batch | None
     ) -> None:
-        self.state = state
-        self.coro = coro
+        self.method = method
+        self.params = params
         self.rid = rid
         self.note = note  # a notification: never answered
-        self.reply = reply  # answered on its own line (else its batch's)
-        self.tally = tally
+        self.batch = batch  # answered in its batch's line (else on its own)
+        self.big = False  # one of the service's big_results
+        self.place: Place | None = None  # in its session's queues, once admitted
+        self.waiting: asyncio.Future[None] | None = None  # at the gate: done when let in
         self.size = 0  # the bytes of its line, held until it ends
         self.body: bytes | None = None  # its answer, once it ended
+        self.ended = False
 
 
 class _Batch:
     """A batch line: its elements' calls and answers, answered as one line."""
 
-    __slots__ = ("parts", "size")
+    __slots__ = ("bytes", "left", "parts", "size")
 
-    def __init__(self, parts: list[_Call | bytes | None]) -> None:
-        self.parts = parts
+    def __init__(self) -> None:
+        self.parts: list[_Call | bytes | None] = []
+        self.left = 0  # calls not ended
+        self.bytes = 0  # of the answers so far
         self.size = 0
-
-
-class _Rest(CoroutineABC[Any, Any, Any]):
-    """The rest of a coroutine whose first step ran in a read callback, for a task.
-
-    Its first step hands the task what that step waits for; from then on it passes on
-    what the task sends or throws (a cancel before the task's first step included).
-    asyncio 3.11 has no eager tasks: this is the one piece of one.
-    """
-
-    __slots__ = ("coro", "first", "waiting")
-
-    def __init__(self, coro: Coroutine[Any, Any, Any], waiting: Any) -> None:
-        self.coro = coro
-        self.waiting = waiting
-        self.first = True
-
-    def send(self, value: Any) -> Any:
-        if self.first:
-            self.first = False
-            return self.waiting
-        return self.coro.send(value)
-
-    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
-        self.first = False
-        return self.coro.throw(typ if val is None else val)
-
-    def close(self) -> None:
-        self.coro.close()
-
-    def __await__(self) -> Generator[Any, None, Any]:
-        raise TypeError("a task's coroutine, not to be awaited")
 
 
 class Connection:
@@ -237,15 +228,15 @@ class Connection:
         self.reader: Reading = _Unpaused()
         """What feeds this connection: paused while its bounds are reached (flow control)."""
         self.handshaken = False
-        self.calls: dict[Hashable, CallState] = {}
+        self.calls: dict[Hashable, _Call] = {}
         self.tasks: set[asyncio.Future[Any]] = set()
-        self._ready: deque[_Call | _Batch] = deque()  # read, not yet started
+        self._ready: deque[_Call] = deque()  # read, with no task yet
         self._running = False  # in run_ready: answers wait for its one write
         self._out: list[bytes] = []  # reply lines not yet written
         self._flushing: asyncio.Handle | None = None
         self.closed = False
         self._held = 0  # request bytes of the lines whose calls are in flight
-        self._gate: deque[tuple[asyncio.Future[None], bool, CallState]] = deque()  # waiting
+        self._gate: deque[_Call] = deque()  # waiting for their client to read
         self._big = 0  # calls of big_results running (0 or 1)
         self._writer_paused = False  # the client leaves ANSWERS_WAITING bytes unread
         self._pausing = False  # this connection's flow control paused its reader
@@ -259,7 +250,8 @@ class Connection:
         self.run_ready()
 
     def read(self, line: Line) -> None:
-        """Take one line read: answer it now, or queue its calls for :meth:`run_ready`.
+        """Take one line read: answer it now, or admit its calls (their tasks start in
+        :meth:`run_ready`).
 
         Its bytes count as held until its calls end (a batch's, until it is answered);
         a long line's are held in the host's budget too.
@@ -272,25 +264,38 @@ class Connection:
             self._held += job.size
             if job.size > READ_BUFFER:
                 self.budget.hold(job.size)
-        self._ready.append(job)
+        if isinstance(job, _Batch):
+            self._ready += (p for p in job.parts if isinstance(p, _Call))
+        else:
+            self._ready.append(job)
 
     def run_ready(self) -> None:
-        """Start the calls read so far, in arrival order: each runs at once as far as it
-        can (see the module's doc); their answers go out in one write."""
+        """Give each call read so far its task, in arrival order; every call of the read
+        is in its session's queue (or at the gate) already, so a backlog read in one go
+        is one group. Answers written meanwhile go out in one write."""
         if self._running:
             return  # re-entered (a resumed reader): the loop below takes the new ones
         self._running = True
+        died: BaseException | None = None
         try:
+            loop = asyncio.get_running_loop()
             while self._ready:
-                job = self._ready.popleft()
-                if isinstance(job, _Batch):
-                    self._run_batch(job)
+                call = self._ready.popleft()
+                coro = self._run(call)
+                task = loop.create_task(coro) if _EAGER is None else _EAGER(loop, coro)
+                if task.done():  # it ended in its first step (eager tasks, 3.12+)
+                    self._task_done(call, task)
+                    died = died or task.exception()  # only a dying call's task raised
                 else:
-                    self._start(job)
+                    self.tasks.add(task)
+                    task.add_done_callback(functools.partial(self._task_done, call))
         finally:
             self._running = False
-            self._flush()
+            if self._out:
+                self._flush()
         self._flow()
+        if died is not None:
+            raise died
 
     def _flow(self) -> None:
         """Pause the reader while a bound is reached; resume it once well under them all."""
@@ -352,15 +357,20 @@ class Connection:
             items = batch_items(line)
             if not items:
                 return _error(None, InvalidRequest("empty batch").to_object())
-            tally = _Tally()
-            return _Batch([self._element(bytes(i), tally) for i in items])
+            batch = _Batch()
+            batch.parts = [self._element(bytes(i), batch) for i in items]
+            batch.left = sum(isinstance(p, _Call) for p in batch.parts)
+            if batch.left:
+                return batch
+            answers = [p for p in batch.parts if isinstance(p, bytes)]
+            return _fit_batch(answers) if answers else None
         if first == b"{":
-            return self._request(line, reply=True)
+            return self._request(line)
         decode(_RAW, line)  # JSON, but not a request: tell the two apart
         err = InvalidRequest("a request must be a JSON object or a batch array")
         return _error(None, err.to_object())
 
-    def _element(self, item: bytes, tally: _Tally) -> _Call | bytes | None:
+    def _element(self, item: bytes, batch: _Batch) -> _Call | bytes | None:
         """One element of a batch: its call, or its own answer.
 
         An element its decoders refuse although the batch decoded (nested too deep for
@@ -368,14 +378,13 @@ class Connection:
         drop the elements before it, already queued on their sessions, for good.
         """
         try:
-            return self._request(item, reply=False, tally=tally)
+            return self._request(item, batch)
         except (msgspec.DecodeError, RecursionError) as exc:
             return _error(None, ParseError(f"parse error: {exc}").to_object())
 
-    def _request(
-        self, item: bytes, *, reply: bool, tally: _Tally | None = None
-    ) -> _Call | bytes | None:
-        """One request decoded: its call, or its answer (``None``: a notification's)."""
+    def _request(self, item: bytes, batch: _Batch | None = None) -> _Call | bytes | None:
+        """One request decoded: its call, admitted or at the gate, or its answer (``None``:
+        a notification's)."""
         req = _one_pass(item) if self.handshaken else None
         if req is None or req[0] not in self.service.methods:
             two = self._two_phase(item)
@@ -384,17 +393,10 @@ class Connection:
             req = two
         method, params, rid = req
         note = rid is UNSET
-        state = CallState(method)
-        call = _Call(
-            state,
-            self.service.submit(method, params, state),
-            None if note else rid,
-            note=note,
-            reply=reply,
-            tally=tally,
-        )
+        call = _Call(method, params, None if note else rid, note, batch)
         if not note:
-            self.calls[_key(rid)] = state
+            self.calls[_key(rid)] = call
+        self._enter(call)
         return call
 
     def _two_phase(self, item: bytes) -> tuple[str, Any, Any] | bytes | None:
@@ -456,169 +458,130 @@ class Connection:
         except msgspec.MsgspecError as exc:  # a notification's error is never sent
             raise InvalidParams(f"$/cancelRequest: {exc}") from None
         call = self.calls.get(_key(rid))
-        if call is None or call.started:
-            return  # unknown, finished, or started: a started write finishes atomically
-        call.cancel_requested = True  # removed from its queue when it is reached
-        if call.task is not None:
-            call.task.cancel("$/cancelRequest")  # waiting in its queue: wake it to answer
+        if call is None:
+            return  # unknown or finished
+        if call.place is not None:
+            call.place.cancel()  # a started call finishes: a started write is atomic
+        elif call in self._gate:
+            self._leave_gate(call)
 
     # -- calls ----------------------------------------------------------------------
 
-    def _start(self, call: _Call) -> None:
-        """Run a call's first step now; it ends here (inline) or goes on as a task."""
-        coro = self._run(call)
-        try:
-            waiting = coro.send(None)
-        except StopIteration:
-            self.stats.inline += 1
-            self._job_done(call)
-            return
-        except BaseException:  # not a handler's error (those are answers): the process's
-            self._job_done(call)
-            raise
-        self.stats.queued += 1
-        task = asyncio.get_running_loop().create_task(_Rest(coro, waiting))
-        call.state.task = task
-        self.tasks.add(task)
-        task.add_done_callback(lambda t: self._task_done(t, call))
-
-    def _task_done(self, task: asyncio.Future[Any], call: _Call | _Batch) -> None:
-        if isinstance(call, _Call):
-            call.state.task = None  # no cycle left for the GC
-        self.tasks.discard(task)
-        self._job_done(call)
-
-    def _job_done(self, job: _Call | _Batch) -> None:
-        self._held -= job.size
-        if job.size > READ_BUFFER:
-            self.budget.give(job.size)
-        if not self._running:
-            self._flow()
-
     async def _run(self, call: _Call) -> None:
-        """Run one call once the gate lets it start; send its answer when it has a line of
-        its own (else its batch collects it)."""
-        state = call.state
-        state.running = True
-        big = state.method in self.service.big_results
-        admitted = False
-        t0 = time.perf_counter()
-        ok = False
-        try:
-            try:
-                if state.cancel_requested:
-                    raise asyncio.CancelledError("$/cancelRequest")
-                if self._gate or not self._may_start(big):
-                    await self._admit(big, state)
-                else:
-                    self._big += big
-                admitted = True
-                t0 = time.perf_counter()
-                body, ok = await self._answer(call, big)
-            except asyncio.CancelledError:
-                if not (state.cancel_requested and not state.started):
-                    raise
-                if (task := asyncio.current_task()) is not None and task is state.task:
-                    task.uncancel()
-                body = _error(call.rid, RequestCancelled("cancelled before it started").to_object())
-            finally:
-                call.coro.close()  # one cancelled before it ran never runs
-                state.end()  # its places in the session queues are given up
-                self.stats.record(state.method, time.perf_counter() - t0, ok)
-                if not call.note and self.calls.get(_key(call.rid)) is state:
-                    del self.calls[_key(call.rid)]
-            if not call.note:
-                call.body = body
-                if call.reply:
-                    self._write(body)
-        finally:
-            if admitted and big:  # its answer is with the writer (or its batch): the next
-                self._big -= 1
-                self._open_gate()
-        if call.reply:
-            await self._drain()
-
-    async def _answer(self, call: _Call, big: bool) -> tuple[bytes, bool]:
-        """Run the call; return its answer line (an error's too) and whether it is a result.
+        """Run one call in its task: wait at the gate if it must, then for its turn in
+        its session's queues; send its answer (an error's too) on its own line, or in its
+        batch's once that is complete.
 
         A read in a batch whose answers already pass 64 MiB does not run: the batch answer
         could not hold it, and holding it would take the connection past any bound.
         """
-        rid, tally = call.rid, call.tally
+        if call.waiting is not None:
+            await call.waiting  # let in, or cancelled while it waited
+        t0 = time.perf_counter()
+        rid, batch = call.rid, call.batch
         try:
-            if tally is not None and big and tally.bytes > MAX_LINE:
+            if call.place is None:
+                raise RequestCancelled("cancelled before it started")
+            if batch is not None and call.big and batch.bytes > MAX_LINE:
+                call.place.leave()
                 raise LimitExceeded("batch response over 64 MiB: send these calls on their own")
-            body = _result(rid, await call.coro)
+            body = _result(rid, await call.place.run())
             if len(body) > MAX_LINE:
                 err = LimitExceeded("result over 64 MiB: page with limit/beforeLine")
                 body, ok = _error(rid, err.to_object()), False
             else:
                 ok = True
         except Exception as exc:
-            body, ok = _error(rid, to_error_object(exc, call.state.method)), False
-        if tally is not None:
-            tally.bytes += len(body)
-        return body, ok
+            body, ok = _error(rid, to_error_object(exc, call.method)), False
+        self.stats.record(call.method, time.perf_counter() - t0, ok)
+        if batch is not None:
+            batch.bytes += len(body)
+        call.body = None if call.note else body
+        if self._end(call):
+            await self._drain()
 
-    def _run_batch(self, batch: _Batch) -> None:
-        """Start a batch's calls in order; answer it once the last one ends."""
-        calls = [p for p in batch.parts if isinstance(p, _Call)]
-        for i, call in enumerate(calls):
-            try:
-                self._start(call)
-            except BaseException:  # as in _start: the calls behind it give up their places
-                for rest in calls[i + 1 :]:
-                    rest.coro.close()
-                    rest.state.end()
-                self._job_done(batch)
-                raise
-        pending = [c.state.task for c in calls if c.state.task is not None]
-        if not pending:
-            self._answer_batch(batch)
-            self._job_done(batch)
-            return
-        task = asyncio.get_running_loop().create_task(self._finish_batch(batch, pending))
-        self.tasks.add(task)
-        task.add_done_callback(lambda t: self._task_done(t, batch))
+    def _end(self, call: _Call) -> bool:
+        """The call is over, however it ended (idempotent): its answer goes to the writer
+        (its batch's once the batch's last call ended), its places are given up. Whether
+        a line was written."""
+        if call.ended:
+            return False
+        call.ended = True
+        if not call.note and self.calls.get(_key(call.rid)) is call:
+            del self.calls[_key(call.rid)]
+        if call.batch is not None:
+            wrote = self._batch_done(call.batch)
+        else:
+            wrote = call.body is not None
+            if call.body is not None:
+                self._write(call.body)
+            self._job_done(call)
+        if call.place is None:
+            if call in self._gate:  # its task was cancelled there
+                self._leave_gate(call)
+        else:
+            call.place.leave()  # given up already, unless its task was cancelled
+            call.place = None
+            if call.big:  # its answer is with the writer (or its batch): the next read may go
+                self._big -= 1
+                self._open_gate()
+        return wrote
 
-    async def _finish_batch(self, batch: _Batch, pending: list[asyncio.Task[object]]) -> None:
-        await asyncio.gather(*pending, return_exceptions=True)
-        self._answer_batch(batch)
-        await self._drain()
-
-    def _answer_batch(self, batch: _Batch) -> None:
-        out = [p.body if isinstance(p, _Call) else p for p in batch.parts]
-        bodies = [b for b in out if b is not None]
+    def _batch_done(self, batch: _Batch) -> bool:
+        """One call of ``batch`` ended: answer the batch if it was the last one."""
+        batch.left -= 1
+        if batch.left:
+            return False
+        answers = [p.body if isinstance(p, _Call) else p for p in batch.parts]
+        batch.parts = []  # no cycle left for the collector
+        bodies = [b for b in answers if b is not None]
         if bodies:
             self._write(_fit_batch(bodies))
+        self._job_done(batch)
+        return bool(bodies)
+
+    def _task_done(self, call: _Call, task: asyncio.Future[Any]) -> None:
+        self.tasks.discard(task)
+        if not call.ended:  # its task was cancelled before its first step, or died
+            self._end(call)
+        if not self._running:
+            self._flow()
+
+    def _job_done(self, job: _Call | _Batch) -> None:
+        self._held -= job.size
+        if job.size > READ_BUFFER:
+            self.budget.give(job.size)
 
     # -- flow control ---------------------------------------------------------------
 
-    async def _admit(self, big: bool, state: CallState) -> None:
-        """Wait, in arrival order, until this call may start.
+    def _enter(self, call: _Call) -> None:
+        """Admit a call now if the gate lets it, else queue it there, in arrival order.
 
         Calls start while the client takes its answers (the writer is not paused), and
         one of :attr:`big_results` at a time: its answer, which its request does not
-        bound, is with the writer before the next is made. A client that stops reading
-        stops its own calls, never another connection's: a call waiting here is out of
-        its session queues (:meth:`CallState.step_out`), and back in, last, once let in.
+        bound, is with the writer before the next is admitted. A call waiting here is in
+        no session's queue: a client that stops reading stops its own calls, never
+        another connection's, and its later calls wait here behind it.
         """
-        entry = (asyncio.get_running_loop().create_future(), big, state)
-        self._gate.append(entry)
-        state.step_out()
-        self.stats.waiting += 1
-        try:
-            await entry[0]
-        except BaseException:
-            if entry[0].done() and not entry[0].cancelled():  # let in, then cancelled
-                self._big -= big
-                self._open_gate()
-            elif entry in self._gate:
-                self._gate.remove(entry)
-                self._open_gate()  # it may have held up the calls behind it
-            raise
-        finally:
-            self.stats.waiting -= 1
+        call.big = call.method in self.service.big_results
+        if not self._gate and self._may_start(call.big):
+            self._admit(call)
+        else:
+            call.waiting = asyncio.get_running_loop().create_future()
+            self._gate.append(call)
+            self.stats.waiting += 1
+
+    def _admit(self, call: _Call) -> None:
+        self._big += call.big
+        call.place = self.service.submit(call.method, call.params)
+
+    def _leave_gate(self, call: _Call) -> None:
+        """Take a call out of the gate unadmitted (cancelled): it answers as such."""
+        self._gate.remove(call)
+        self.stats.waiting -= 1
+        if call.waiting is not None and not call.waiting.done():
+            call.waiting.set_result(None)
+        self._open_gate()  # it may have held up the calls behind it
 
     def waiting(self) -> bool:
         """Whether calls wait for the client to read its answers."""
@@ -628,18 +591,13 @@ class Connection:
         return (self.closed or not self._writer_paused) and not (big and self._big)
 
     def _open_gate(self) -> None:
-        """Let the calls at the head of the gate start, in order, while they may."""
-        while self._gate:
-            fut, big, state = self._gate[0]
-            if fut.done():  # cancelled while waiting
-                self._gate.popleft()
-                continue
-            if not self._may_start(big):
-                return
-            self._gate.popleft()
-            self._big += big
-            state.step_in()  # now, before any call read later is queued
-            fut.set_result(None)
+        """Admit the calls at the head of the gate, in order, while they may start."""
+        while self._gate and self._may_start(self._gate[0].big):
+            call = self._gate.popleft()
+            self.stats.waiting -= 1
+            self._admit(call)
+            if call.waiting is not None and not call.waiting.done():
+                call.waiting.set_result(None)
 
     def writer_paused(self, paused: bool) -> None:
         """The writer's client left more than ``ANSWERS_WAITING`` bytes unread (``True``),
@@ -666,9 +624,9 @@ class Connection:
     def _write(self, body: bytes) -> None:
         """Queue one reply line for the writer.
 
-        The replies of one read's calls go out in one ``write`` once they are started;
-        with other calls in flight, those of one pass of the loop at its end (a backlog's
-        answers cost one system call, not one each). A long one goes at once, so the
+        Replies made while a read's calls are given their tasks go out in one ``write``
+        at its end; with other calls in flight, those of one pass of the loop at its end
+        (a backlog's answers cost one system call, not one each). A long one goes at once, so the
         writer knows of it before another call starts.
         """
         if self.closed:
@@ -736,15 +694,6 @@ def _invalid(item: bytes, exc: msgspec.ValidationError) -> bytes:
     if not isinstance(rid, int | str) or isinstance(rid, bool):
         rid = None
     return _error(rid, InvalidRequest(f"invalid request: {exc}").to_object())
-
-
-class _Tally:
-    """The answer bytes a batch has collected so far."""
-
-    __slots__ = ("bytes",)
-
-    def __init__(self) -> None:
-        self.bytes = 0
 
 
 def _head_id(head: bytes) -> Any:

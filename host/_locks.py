@@ -1,82 +1,140 @@
-"""Each session's queue of calls, in arrival order, and the state of each call.
+"""The scheduler: each session's queue of calls, which alone decides when a call runs.
 
-The endpoint reads a request and hands it to the service, which puts a :class:`Ticket`
-in its session's queue at once, in the read callback, before any call of that read
-runs: calls on one session apply in the order their lines arrived. The ticket at the
-head of the queue holds the session: its call runs from its first read to its last
-write, and leaving wakes the next (first in, first out). Once a call holds its session
-it is *started*: ``$/cancelRequest`` no longer stops it.
+A call enters the queues its method names (:class:`Scope`) when its connection admits it,
+in the read callback, before any call of that read runs: calls on one session apply in
+the order they were admitted (one connection's in the order their lines arrived). The
+:class:`Ticket` at the head of every queue it is in holds them: its call is *started*
+from then on and runs to its end (``$/cancelRequest`` no longer stops it), from its first
+read to its last write; leaving wakes the next (first in, first out).
 
-The holder may do the work of the tickets queued right behind it if they carry a
-*rider* (group commit: adjacent appends share one write and one fsync); those calls
-count as started, and the holder lets them go with their work done, all at once.
+Group commit is the holder's (LevelDB's ``DBImpl::Write`` and ``BuildBatchGroup``): a
+holder whose method groups takes the calls of that method queued right behind it, runs
+them with its own in one handler call (one write, one fsync), and ends their waits with
+their answers.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from host._call import CallState
+from host._errors import RequestCancelled
 
 
-@dataclass(slots=True, eq=False)
+class Scope(enum.Enum):
+    """The queues a method's calls enter."""
+
+    NONE = "none"
+    """None: it starts once admitted (``session.list``, ``host.*``; ``recoverInflightMessages``
+    holds each session in turn with :meth:`LockTable.hold`)."""
+    SESSION = "session"
+    """Its session's."""
+    TWINS = "twins"
+    """The one every id differing from its session's only in case shares, then its
+    session's: two ids a case-insensitive file system stores as one file are never created
+    and deleted at once (that key, with its ``/``, is no legal id)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Method:
+    """How the scheduler runs one method's calls."""
+
+    handler: Callable[[Any], Awaitable[Any]]
+    scope: Scope = Scope.SESSION
+    group: int = 1
+    """More than 1: the holder takes up to ``group - 1`` calls of this method queued right
+    behind it, and ``handler`` takes their params as one list, its own first, and returns
+    an answer (a result or an exception) for each."""
+
+    def queues(self, params: Any) -> tuple[str, ...]:
+        if self.scope is Scope.NONE:
+            return ()
+        sid: str = params.session_id
+        return (sid,) if self.scope is Scope.SESSION else ("/" + sid.lower(), sid)
+
+
 class Ticket:
-    """One call's place in its session's queue; the ticket at the head holds the session."""
+    """One call's place in the queues it entered."""
 
-    table: LockTable
-    key: str
-    rider: Any = None  # work the holder ahead may do for it (then ``done``)
-    call: CallState | None = None
-    turn: asyncio.Future[None] | None = None  # resolved when it reaches the head
-    gone: bool = False  # left the queue (or its work was done by the holder ahead of it)
-    done: bool = False  # its work was done by the holder ahead of it
-    holds: bool = False  # at the head, and its call has begun to work on the session
-    out: bool = False  # stepped out while its call waits at its connection's gate
+    __slots__ = ("blocked", "keys", "method", "params", "started", "table", "turn")
 
-    def ready(self) -> bool:
-        """Whether this ticket holds its session now (or its work is done): then it need
-        not :meth:`wait`. A call cancelled before it got there raises ``CancelledError``."""
-        if self.done:
-            return True
-        if self.call is not None and self.call.cancel_requested:
-            raise asyncio.CancelledError("$/cancelRequest")
-        if self.table.queue(self.key)[0] is not self:
+    def __init__(self, table: LockTable, keys: tuple[str, ...], method: Any, params: Any) -> None:
+        self.table = table
+        self.keys = keys  # the queues it is in; () once it left them
+        self.method: Method = method
+        self.params = params
+        self.blocked = 0  # queues it is in whose head it is not
+        self.started = False
+        self.turn: asyncio.Future[Any] | None = None
+        """What it waits on when it had to wait: resolved with ``None`` once it holds its
+        queues, else with its answer, given by the holder ahead (group commit), or with
+        the error that ends its wait (``RequestCancelled``)."""
+
+    async def run(self) -> Any:
+        """Wait for its turn, then run its call (with those its group takes from behind
+        it, whose waits it ends with their answers); leave its queues however it ends."""
+        try:
+            answer = None if self.turn is None else await self.turn
+            if answer is None:
+                method = self.method
+                if method.group == 1:
+                    return await method.handler(self.params)
+                behind = self._behind(method.group - 1)
+                try:
+                    answers = await method.handler([self.params, *(t.params for t in behind)])
+                except BaseException as exc:
+                    for t in behind:
+                        t._end_wait(exc)
+                    raise
+                for t, answer in zip(behind, answers[1:], strict=True):
+                    t._end_wait(answer)
+                answer = answers[0]
+            if isinstance(answer, BaseException):
+                raise answer
+            return answer
+        finally:
+            self.leave()
+
+    def _behind(self, most: int) -> list[Ticket]:
+        """Take the calls of its method queued right behind it, at most ``most``: they
+        start, and leave the queue (their work is its own now)."""
+        queue = self.table.queue(self.keys[0])
+        queue.popleft()  # this ticket, put back below
+        taken: list[Ticket] = []
+        while queue and len(taken) < most and queue[0].method is self.method:
+            t = queue.popleft()
+            t.keys, t.started = (), True
+            taken.append(t)
+        queue.appendleft(self)
+        return taken
+
+    def cancel(self) -> bool:
+        """Leave the queues if the call has not started (its wait ends with
+        ``REQUEST_CANCELLED``); whether it did."""
+        if self.started or not self.keys:
             return False
-        self.holds = True
-        if self.call is not None:
-            self.call.started = True
+        self.leave()
+        self._end_wait(RequestCancelled("cancelled before it started"))
         return True
 
-    async def wait(self) -> None:
-        """Return once this ticket holds its session (or its work is done)."""
-        while not self.ready():
-            self.turn = asyncio.get_running_loop().create_future()
-            await self.turn
-
     def leave(self) -> None:
-        """Leave the queue (idempotent); the next ticket holds the session."""
-        if not self.gone:
-            self.gone = True
-            self.table._leave(self)
-        self.call = None  # no cycle left for the collector
+        """Leave the queues (idempotent); the next in each may hold it."""
+        keys, self.keys = self.keys, ()
+        for key in keys:
+            self.table._leave(self, key)
 
-    def step_out(self) -> None:
-        """Leave the queue until :meth:`step_in` (its call waits at its client's gate)."""
-        self.table.step_out(self)
+    def _start(self) -> None:
+        self.started = True
+        self._end_wait(None)
 
-    def step_in(self) -> None:
-        """Queue again, last."""
-        self.table.step_in(self)
-
-
-def _wake(t: Ticket) -> None:
-    if t.turn is not None and not t.turn.done():
-        t.turn.set_result(None)
+    def _end_wait(self, answer: Any) -> None:
+        if self.turn is not None and not self.turn.done():  # not if its task was cancelled
+            self.turn.set_result(answer)
 
 
 class LockTable:
@@ -87,91 +145,54 @@ class LockTable:
         self.on_free: Callable[[str], None] | None = None
         """Told when a session's holder leaves (its transcript may close)."""
 
-    def enqueue(self, key: str, call: CallState | None = None, rider: Any = None) -> Ticket:
-        """Put a call in ``key``'s queue, now: its place is its arrival."""
-        queue = self._queues.get(key)
-        if queue is None:
-            queue = self._queues[key] = deque()
-        ticket = Ticket(self, key, rider, call)
-        queue.append(ticket)
-        if call is not None:
-            call.places.append(ticket)
+    def enqueue(
+        self, keys: tuple[str, ...], method: Method | None = None, params: Any = None
+    ) -> Ticket:
+        """Put a call in the queues ``keys``, now: its place is its arrival."""
+        ticket = Ticket(self, keys, method, params)
+        for key in keys:
+            queue = self._queues.get(key)
+            if queue is None:
+                self._queues[key] = deque((ticket,))
+            else:
+                queue.append(ticket)
+                ticket.blocked += 1
+        if ticket.blocked:
+            ticket.turn = asyncio.get_running_loop().create_future()
+        else:
+            ticket.started = True  # it holds its queues now: nothing to wait for
         return ticket
 
     def queue(self, key: str) -> deque[Ticket]:
         return self._queues[key]
 
     @contextlib.asynccontextmanager
-    async def hold(self, key: str, call: CallState | None = None) -> AsyncIterator[Ticket]:
+    async def hold(self, key: str) -> AsyncIterator[None]:
         """Hold a session for work of the host's own (start-up, ``recoverInflightMessages``),
-        queued behind every call already read for it. ``call``: the call doing it, which
-        counts as started once it holds the session (a cancel no longer stops it)."""
-        ticket = self.enqueue(key, call)
+        queued behind every call already admitted to it."""
+        ticket = self.enqueue((key,))
         try:
-            if not ticket.ready():
-                await ticket.wait()
-            yield ticket
+            if ticket.turn is not None:
+                await ticket.turn
+            yield
         finally:
             ticket.leave()
 
-    def _leave(self, ticket: Ticket) -> None:
-        queue = self._queues[ticket.key]
-        was_head = queue[0] is ticket
-        queue.remove(ticket)
-        if not queue:
-            del self._queues[ticket.key]
-        elif was_head:
-            _wake(queue[0])
-        if ticket.holds and self.on_free is not None:
-            self.on_free(ticket.key)
-
-    def step_out(self, ticket: Ticket) -> None:
-        """Take a ticket out of its queue until :meth:`step_in` (``gone`` meanwhile)."""
-        if not ticket.gone:
-            self._leave(ticket)
-            ticket.out = True
-
-    def step_in(self, ticket: Ticket) -> None:
-        """Put a ticket taken out back in its queue, last."""
-        if ticket.out:
-            ticket.out = ticket.gone = False
-            queue = self._queues.get(ticket.key)
-            if queue is None:
-                queue = self._queues[ticket.key] = deque()
-            queue.append(ticket)
-
-    def followers(
-        self, ticket: Ticket, limit: int, take: Callable[[Any], Any | None]
-    ) -> list[Ticket]:
-        """Take the riders queued right behind ``ticket``, at most ``limit``; they start.
-
-        ``take`` turns a rider into the work to do for it, or ``None``: that call, and every
-        one behind it, waits for its own turn (it will fail on its own).
-        """
-        out: list[Ticket] = []
-        queue = self._queues[ticket.key]
-        for i in range(1, min(len(queue), limit + 1)):
-            t = queue[i]
-            if t.rider is None or (t.call is not None and t.call.cancel_requested):
-                break  # not a rider, or being cancelled: it waits its turn
-            work = take(t.rider)
-            if work is None:
-                break
-            t.rider = work
-            if t.call is not None:
-                t.call.started = True
-            out.append(t)
-        return out
-
-    def release(self, riders: list[Ticket]) -> None:
-        """Let riders whose work the holder did go at once, without taking the session."""
-        if not riders:
+    def _leave(self, ticket: Ticket, key: str) -> None:
+        queue = self._queues[key]
+        if queue[0] is not ticket:
+            queue.remove(ticket)  # cancelled while it waited
             return
-        for t in riders:
-            t.gone = t.done = True
-            _wake(t)
-        key = riders[0].key
-        self._queues[key] = deque(t for t in self._queues[key] if not t.gone)
+        queue.popleft()
+        if not queue:
+            del self._queues[key]
+        else:
+            head = queue[0]
+            head.blocked -= 1
+            if not head.blocked:
+                head._start()
+        if ticket.started and self.on_free is not None:
+            self.on_free(key)
 
     def __len__(self) -> int:
         return len(self._queues)
@@ -184,4 +205,4 @@ class LockTable:
     def held(self, key: str) -> bool:
         """Whether a call holds the session now (calls only queued for it do not)."""
         queue = self._queues.get(key)
-        return queue is not None and queue[0].holds
+        return queue is not None and queue[0].started

@@ -14,12 +14,11 @@ import os
 import sqlite3
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator
 from typing import Any
 
-from msgspec import Struct, structs
+from msgspec import structs
 
-from host._call import CallState
 from host._endpoint import Stats
 from host._framing import RequestBudget
 from host._fs import FileSystem, on_thread
@@ -35,16 +34,12 @@ from host._index import (
 )
 from host._layout import Layout
 from host._limits import REQUEST_BYTES, Limits
-from host._locks import Ticket
+from host._locks import Method, Scope, Ticket
 from host._recovery import Report, recover
-from host._sessions import SessionMethods
+from host._sessions import GROUP, SessionMethods
 from host._store import Registry
 from host._turns import TurnMethods
 from host._wire import CreateParams, EmptyParams, ShutdownResult, StatsResult
-
-Handler = Callable[[Any], Coroutine[Any, Any, Struct]]
-_TWINS = frozenset({"session.create", "session.delete"})
-"""Methods that also hold the queue every id differing only in case shares."""
 
 log = logging.getLogger("host")
 
@@ -62,55 +57,41 @@ class Host:
         self.turns = TurnMethods(registry, self.sessions)
         self.history = HistoryMethods(registry, self.sessions, self.turns)
         s, t, h = self.sessions, self.turns, self.history
-        self.handlers: dict[str, Handler] = {
-            "session.create": s.create,
-            "session.list": s.list_sessions,
-            "session.delete": s.delete,
-            "session.get": s.get,
-            "session.appendMessage": s.append_message,
-            "session.updateMessage": s.update_message,
-            "session.deleteMessages": s.delete_messages,
-            "session.replaceMessages": s.replace_messages,
-            "session.beginTurn": t.begin_turn,
-            "session.endTurn": t.end_turn,
-            "session.saveInflightMessage": t.save_inflight,
-            "session.recoverInflightMessages": t.recover_inflight,
-            "session.saveRevision": h.save_revision,
-            "session.listRevisions": h.list_revisions,
-            "session.saveActiveRevision": h.save_active_revision,
-            "session.activateRevision": h.activate_revision,
-            "session.truncateFrom": h.truncate_from,
-            "host.stats": self.host_stats,
-            "host.shutdown": self.host_shutdown,
+        none, twins = Scope.NONE, Scope.TWINS
+        self.handlers: dict[str, Method] = {
+            "session.create": Method(s.create, twins),
+            "session.list": Method(s.list_sessions, none),
+            "session.delete": Method(s.delete, twins),
+            "session.get": Method(s.get),
+            "session.appendMessage": Method(s.append_message, group=GROUP),
+            "session.updateMessage": Method(s.update_message),
+            "session.deleteMessages": Method(s.delete_messages),
+            "session.replaceMessages": Method(s.replace_messages),
+            "session.beginTurn": Method(t.begin_turn),
+            "session.endTurn": Method(t.end_turn),
+            "session.saveInflightMessage": Method(t.save_inflight),
+            "session.recoverInflightMessages": Method(t.recover_inflight, none),
+            "session.saveRevision": Method(h.save_revision),
+            "session.listRevisions": Method(h.list_revisions),
+            "session.saveActiveRevision": Method(h.save_active_revision),
+            "session.activateRevision": Method(h.activate_revision),
+            "session.truncateFrom": Method(h.truncate_from),
+            "host.stats": Method(self.host_stats, none),
+            "host.shutdown": Method(self.host_shutdown, none),
         }
+        """Each method's handler, the queues its calls enter, and its group commit."""
         self.methods = frozenset(self.handlers)
         self.big_results = frozenset({"session.get", "session.list", "session.listRevisions"})
         """Methods whose answer its request does not bound: a connection runs one at a time."""
         self.requests = RequestBudget(REQUEST_BYTES)
         """The long request lines every connection holds together (docs/protocol.md)."""
 
-    def submit(self, method: str, params: Any, call: CallState) -> Coroutine[Any, Any, Struct]:
-        """Queue a decoded call on its session, now, and return the coroutine that runs it.
-
-        A call naming a session takes its place in that session's queue (``create`` and
-        ``delete`` also in the one their case twins share: two ids a case-insensitive file
-        system stores as one file are never created and deleted at once); the others
-        (``list``, ``host.*``, ``recoverInflightMessages``) run as soon as they start.
-        """
-        handler = self.handlers[method]
+    def submit(self, method: str, params: Any) -> Ticket:
+        """Put a decoded call in the queues its method names (``host._locks.Scope``), now."""
+        m = self.handlers[method]
         if isinstance(params, CreateParams) and not isinstance(params.session_id, str):
             params = structs.replace(params, session_id=uuid.uuid4().hex)
-        sid = getattr(params, "session_id", None)
-        if method == "session.recoverInflightMessages":  # holds each session in turn
-            return self.turns.recover_inflight(params, call)
-        if not isinstance(sid, str):
-            return handler(params)
-        locks = self.registry.locks
-        rider = params if method == "session.appendMessage" else None
-        # the twins' queue is entered first; its key is no legal id ("/" is in none)
-        twin = [locks.enqueue("/" + sid.lower(), call)] if method in _TWINS else []
-        ticket = locks.enqueue(sid, call, rider)
-        return _in_turn(handler, params, [*twin, ticket], ticket)
+        return self.registry.locks.enqueue(m.queues(params), m, params)
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -186,8 +167,6 @@ class Host:
         counters = self.registry.counters_now()
         counters["connections.paused"] = self.stats.paused
         counters["calls.waiting"] = self.stats.waiting
-        counters["calls.inline"] = self.stats.inline
-        counters["calls.queued"] = self.stats.queued
         counters["requests.heldBytes"] = self.requests.held
         return StatsResult(
             uptime_seconds=time.monotonic() - self.stats.started,
@@ -198,21 +177,6 @@ class Host:
     async def host_shutdown(self, p: EmptyParams) -> ShutdownResult:
         self.shutdown_requested.set()
         return ShutdownResult(shutting_down=True)
-
-
-async def _in_turn(handler: Handler, params: Any, tickets: list[Ticket], ticket: Ticket) -> Struct:
-    """Run a call once it holds its session: from its first read to its last write."""
-    try:
-        for t in tickets:
-            if not t.ready():
-                await t.wait()
-        if ticket.done:  # the holder ahead did its work (group commit)
-            result: Struct = ticket.rider.answer()
-            return result
-        return await handler(params)
-    finally:
-        for t in tickets:
-            t.leave()
 
 
 async def recover_data_dir(registry: Registry, *, full: bool = False) -> Report:

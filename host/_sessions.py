@@ -127,19 +127,19 @@ class SessionMethods:
 
     # -- writes ---------------------------------------------------------------------
 
-    async def append_message(self, p: AppendParams) -> AppendResult:
-        """Append the message, and those of the appends queued right behind it, with one
-        write and one fsync (group commit); each of those calls answers as its own."""
-        sid = p.session_id
-        ticket = self.registry.locks.queue(sid)[0]  # this call holds its session
-        a = _Append.of(p)
-        s = await self.registry.open(sid)
-        riders = self.registry.locks.followers(ticket, GROUP - 1, _Append.rider)
+    async def append_message(self, group: list[AppendParams]) -> list[AppendResult | Exception]:
+        """Append the messages of calls queued one right behind another with one write and
+        one fsync (group commit, ``host._locks``); an answer for each, in their order: a
+        refused message's error is its own, a failed write's is every stored one's."""
+        work = [_Append.parse(p) for p in group]
+        appends = [a for a in work if isinstance(a, _Append)]
         try:
-            await self._append_group(s, [a, *(t.rider for t in riders)], defer_index=True)
-        finally:
-            self.registry.locks.release(riders)
-        return a.answer()
+            if appends:
+                s = await self.registry.open(group[0].session_id)
+                await self._append_group(s, appends, defer_index=True)
+        except Exception as exc:
+            return [exc if isinstance(a, _Append) else a for a in work]
+        return [a if isinstance(a, HostError) else a.result() for a in work]
 
     async def _append_group(
         self, s: Session, group: list[_Append], *, defer_index: bool = False
@@ -148,21 +148,13 @@ class SessionMethods:
 
         ``defer_index``: the call ends here, so its rows may be committed after the answer.
         """
-        try:
-            fresh, new = self._plan(s, group)
-            self._done(group, fresh, await s.append(new, defer_index=defer_index))
-            for a in group:  # a checkpoint of a message now stored goes (ADR 0153)
-                if s.checkpoint_holds(a.msg.id):
-                    await s.remove_checkpoint()
-            if len(group) > 1:
-                self.registry.count("appends.grouped", len(group))
-        except BaseException as exc:
-            for a in group:
-                a.error = exc
-            raise
-        finally:
-            for a in group:
-                a.done = True
+        fresh, new = self._plan(s, group)
+        self._done(group, fresh, await s.append(new, defer_index=defer_index))
+        for a in group:  # a checkpoint of a message now stored goes (ADR 0153)
+            if s.checkpoint_holds(a.msg.id):
+                await s.remove_checkpoint()
+        if len(group) > 1:
+            self.registry.count("appends.grouped", len(group))
 
     def _plan(self, s: Session, group: list[_Append]) -> tuple[list[_Append], list[NewLine]]:
         """The calls of ``group`` whose message is not stored yet, and their lines."""
@@ -273,32 +265,24 @@ GROUP = 512  # appends written with one fsync at most
 
 
 class _Append:
-    """One ``appendMessage`` call's work, which the lock holder may do for it."""
+    """One ``appendMessage`` call's work, done in its group."""
 
-    __slots__ = ("appended", "done", "error", "line", "msg", "turn_id")
-
-    @classmethod
-    def of(cls, p: AppendParams) -> _Append:
-        msg = parse_incoming(p.message)
-        return cls(msg, p.turn_id if isinstance(p.turn_id, str) else msg.turn_id)
+    __slots__ = ("appended", "line", "msg", "turn_id")
 
     @classmethod
-    def rider(cls, p: AppendParams) -> _Append | None:
-        """The work of an append queued behind another, or ``None``: it fails on its own."""
+    def parse(cls, p: AppendParams) -> _Append | HostError:
+        """The call's work, or its answer when its message is refused."""
         try:
-            return cls.of(p)
-        except HostError:
-            return None
+            msg = parse_incoming(p.message)
+        except HostError as exc:
+            return exc
+        return cls(msg, p.turn_id if isinstance(p.turn_id, str) else msg.turn_id)
 
     def __init__(self, msg: Message, turn_id: str | None) -> None:
         self.msg = msg
         self.turn_id = turn_id
         self.line = -1
         self.appended = False
-        self.done = False
-        self.error: BaseException | None = None
 
-    def answer(self) -> AppendResult:
-        if self.error is not None:
-            raise self.error
+    def result(self) -> AppendResult:
         return AppendResult(line=self.line, appended=self.appended)

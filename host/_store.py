@@ -350,7 +350,8 @@ class Registry:
             turn = asyncio.get_running_loop().create_future()
             self._room.append(turn)
             try:
-                await asyncio.wait_for(turn, ROOM_WAIT)
+                async with asyncio.timeout(ROOM_WAIT):
+                    await turn
             except TimeoutError:
                 log.warning(
                     "%d transcripts open and busy for %.0f s: opening one more",

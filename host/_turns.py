@@ -14,7 +14,6 @@ import logging
 
 from msgspec import UNSET, Raw
 
-from host._call import CallState
 from host._checkpoints import Checkpoint
 from host._errors import AgentBusy, InvalidParams, NotFound
 from host._messages import Head, Status, incoming_head, parse_incoming, parse_stored
@@ -123,7 +122,7 @@ class TurnMethods:
 
         The file's bytes are the message's own, framed (no copy to encode them), written
         durably into the spare and swapped in: on the loop while fsyncs are fast and it
-        is up to 1 MiB, as an append's (:meth:`Store.durably`).
+        is up to 1 MiB, as an append's (:meth:`Registry.durably`).
         """
         head = incoming_head(p.message)
         s = await self.registry.open(p.session_id)
@@ -192,14 +191,11 @@ class TurnMethods:
         self.registry.count("checkpoints.promoted")
         return RecoveredRow(session_id=sid, message_id=msg.id, turn_id=cp.turn_id, status=status)
 
-    async def recover_inflight(
-        self, p: EmptyParams, call: CallState | None = None
-    ) -> RecoverResult:
-        """Settle every session's leftover checkpoint, each under its session's lock;
-        ``call`` counts as started from the first (docs/protocol.md, Cancellation)."""
+    async def recover_inflight(self, p: EmptyParams) -> RecoverResult:
+        """Settle every session's leftover checkpoint, each under its session's lock."""
         out: list[RecoveredRow] = []
         for sid in self.registry.with_checkpoints():
-            async with self.registry.locks.hold(sid, call):
+            async with self.registry.locks.hold(sid):
                 row = await self._settle_leftover(sid, wait_completed=False)
                 if row is not None:
                     out.append(row)

@@ -88,8 +88,9 @@ TRANSPORT = """\
 - `$/cancelRequest {id}` (a notification): a request of this connection that is still
   waiting for its session's lock (or for its client to read, below) is answered
   `REQUEST_CANCELLED` and does nothing. A call that holds its lock has *started*: it
-  finishes, atomically; a cancel never leaves half a write. Cancelling an unknown or
-  finished id does nothing.
+  finishes, atomically; a cancel never leaves half a write. A call on a session no other
+  call holds or waits for takes its lock as it is read, so a cancel behind it comes too
+  late. Cancelling an unknown or finished id does nothing.
 - **Read while you write.** The host makes answers only as fast as a client takes them:
   while more than @@ANSWERS_WAITING@@ of a connection's answers wait unread, none of its
   calls starts and the host stops reading its requests, until the client has read them
@@ -519,10 +520,11 @@ PROTOCOL.md is silent on these points (or leaves them open); this is what the co
   aside and fsyncs the folder (the commit; undone if the index cannot drop the rows),
   then removes the session's files, and always answers `deleted: true` (an absent
   session is `NOT_FOUND`). What a crash leaves of them is removed at the next start.
-- **Cancellation**: a call is *started* once it holds its session's lock.
-  `session.list` and `host.stats` take no session lock, so a cancel can stop them while they
-  wait on the index; they are read-only. `session.recoverInflightMessages` takes each
-  session's lock in turn and counts as started from the first one.
+- **Cancellation**: a call is *started* once it holds its session's lock, and a started
+  call runs to its end. A call that takes no session lock (`session.list`, `host.*`, and
+  `session.recoverInflightMessages`, which takes each session's lock in turn) is started
+  once its connection lets it start (see "Read while you write"): a cancel stops it only
+  while it waits there.
 
 ### Rewrites: who may use `session.replaceMessages`
 
@@ -601,10 +603,7 @@ read and the write inside one hold of the lock instead:
   `connections.refused`, `rewrites.copyFallbacks`: ranges of a rewrite copied in user space
   where the kernel's `copy_file_range` refused, 0 on Linux file systems that support it;
   `sidecars.setAside`: links, FIFOs and folders renamed aside where a session file belongs
-  (see [Storage layout](#storage-layout));
-  `calls.inline`: calls that ended in the read callback that read them, their session
-  idle; `calls.queued`: calls that had to wait for their session, a thread or the index,
-  and went on as a task: the same way either, docs/design.md "One request pipeline")
+  (see [Storage layout](#storage-layout)))
   and gauges (`sessions.open`, `locks.held`, `connections.paused`, `calls.waiting`,
   `requests.heldBytes`; see [Limits](#limits); `fsyncs.onLoop`: 1 while durable writes
   of up to 1 MiB run on the event loop, the disk's latency being low, 0 while they run on
@@ -908,7 +907,7 @@ CANCEL_DOC = """\
 Not in `METHODS`: handled by the endpoint itself (`host/_endpoint.py`) on every connection,
 before and after the handshake. Sent as a notification it has no answer; sent as a request
 it gets `result: null` at once. `id` is the `id` of an earlier request on this connection;
-that request is answered `REQUEST_CANCELLED` if it had not yet taken its session's lock."""
+that request is answered `REQUEST_CANCELLED` if it had not yet started (see Cancellation)."""
 
 FIELD_NOTES: dict[tuple[StructType, str], str] = {
     (_wire.HandshakeParams, "client"): 'free-form, e.g. `{"name", "version"}`; not stored',

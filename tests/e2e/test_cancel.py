@@ -2,11 +2,12 @@
 REQUEST_CANCELLED and does nothing.
 
 Over the wire, "still waiting" is made deterministic by putting the request and its
-cancel in one write of less than PIPE_BUF (4096) bytes: a pipe delivers such a write
-whole, the host reads it in one go and handles every line of it before any call's task
-runs, so the cancel always reaches a request that has not taken its lock. (A request
-that already runs its first step and waits on the lock is covered in-process, in
-tests/host/test_endpoint.py, where the test itself can hold the lock.)
+cancel in one write of less than PIPE_BUF (4096) bytes, behind another call on the same
+session: a pipe delivers such a write whole, the host reads it in one go and handles every
+line of it before any call's task runs, so the cancel always reaches a request queued
+behind the first, which holds the lock. (A request whose task already waits on the lock
+is covered in-process, in tests/host/test_endpoint.py, where the test itself can hold
+the lock.)
 """
 
 from __future__ import annotations

@@ -246,10 +246,9 @@ class Client:
     it, or raises :class:`~tests.conftest.RpcError` carrying the error object the endpoint
     sent.
 
-    A :class:`Crash` (the process died at a file operation) surfaces as itself, whether
-    the call ran in the read callback (it comes out of ``data_received``) or in a task
-    (the task ends with it and its answer never comes): every call waiting, and every one
-    after, raises it. Open it with :func:`open_host`, or :meth:`connect` and :meth:`close`.
+    A :class:`Crash` (the process died at a file operation) surfaces as itself: the task
+    of the call ends with it and its answer never comes; every call waiting, and every
+    one after, raises it. Open it with :func:`open_host`, or :meth:`connect` and :meth:`close`.
     """
 
     def __init__(self, host: Host) -> None:
@@ -289,18 +288,21 @@ class Client:
     # -- sending ----------------------------------------------------------------------
 
     def send(self, data: bytes) -> None:
-        """Feed bytes as they are to the endpoint, as a transport's read hands them on."""
+        """Feed bytes as they are to the endpoint, as a transport's read hands them on: in
+        a callback of the loop's, outside any task (not in the caller's)."""
         if self.crashed is not None:
             raise self.crashed
         if self._serving is None or self._serving.done():
             raise ConnectionError("the connection is not served")
         # a call the connection ran outside its ``tasks`` could die unseen: a hang, not Crash
         assert self.conn.tasks is self._watched, "Connection.tasks was replaced"
+        asyncio.get_running_loop().call_soon(self._read, data)
+
+    def _read(self, data: bytes) -> None:
         try:
             self.lines.data_received(data)
-        except BaseException as exc:  # the call ran in the read callback, and died
+        except BaseException as exc:  # the read callback died: so did the "process"
             self._die(exc)
-            raise
 
     def expect(self, rid: Any) -> asyncio.Future[dict[str, Any]]:
         """A future for the answer with id ``rid`` (register it before sending)."""

@@ -496,9 +496,6 @@ class Machine(RuleBasedStateMachine):
     async def close(self) -> None:
         if self.stack is not None:
             assert self.call is not None
-            counters = (await self.call("host.stats"))["counters"]
-            STATS["calls.inline"] += counters["calls.inline"]
-            STATS["calls.queued"] += counters["calls.queued"]
             stack, self.stack, self.call = self.stack, None, None
             await stack.aclose()
 
@@ -925,12 +922,12 @@ def test_host_agrees_with_the_model() -> None:
     )
     print(
         f"\nmodel machine: {STATS['examples']} examples, {STATS['steps']} steps;"
-        f" {STATS['crash: crashed']} crashes, {STATS['restart']} restarts;"
-        f" {STATS['calls.inline']} calls inline, {STATS['calls.queued']} queued"
+        f" {STATS['crash: crashed']} crashes, {STATS['restart']} restarts"
     )
-    # The machine's calls go through the endpoint as a client's do: both ways a call can
-    # be served (ended in its read callback, or gone on as a task) are among them.
-    assert STATS["calls.inline"] > 0 and STATS["calls.queued"] > 0, dict(STATS)
+    # What a user relies on was judged, through the endpoint as a client's calls go:
+    # writes cut by a crash (the state before or after, never a third) and restarts
+    # (every acknowledged write still there).
+    assert STATS["crash: crashed"] > 0 and STATS["restart"] > 0, dict(STATS)
     if os.environ.get("MODEL_STATS"):
         for k, v in sorted(STATS.items()):
             print(f"  {k}: {v}")
