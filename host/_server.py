@@ -654,8 +654,7 @@ async def serve(
         return refuse_start(data_dir, exc)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()  # a signal during recovery: finish it, then exit 0 unserved
-    signals = (signal.SIGTERM, signal.SIGINT)
-    for sig in signals:
+    for sig in _SIGNALS:
         loop.add_signal_handler(sig, stop.set)
     listener = _Listener(socket_path) if socket_path else None
     try:
@@ -668,34 +667,48 @@ async def serve(
             except OSError as exc:
                 log.error("cannot listen on %s: %s", socket_path, exc)
                 return 2
-        started = False
-        try:
-            async with Host.open(data_dir, busy_timeout=busy_timeout, limits=limits) as host:
-                started = True
-                tune_gc()
-                for sig in signals:
-                    loop.add_signal_handler(sig, host.shutdown_requested.set)
-                if stop.is_set():
-                    host.shutdown_requested.set()
-                if listener is not None:
-                    await listener.serve(host)
-                else:
-                    await serve_stdio(host)
-        except IndexBusy as exc:  # only Host.open raises these
-            log.error("%s", exc)
-            return 3
-        except UnsafeDataDir as exc:
-            log.error("%s", exc)
-            return 2
-        except (OSError, sqlite3.Error) as exc:
-            if started:
-                raise
-            return refuse_start(data_dir, exc)
-        log.info("host stopped")
-        return 0
+        return await _run(data_dir, listener, busy_timeout, limits, stop)
     finally:
         if listener is not None:
             listener.close()
-        for sig in signals:
+        for sig in _SIGNALS:
             loop.remove_signal_handler(sig)
         lock.close()
+
+
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+async def _run(
+    data_dir: str,
+    listener: _Listener | None,
+    busy_timeout: float,
+    limits: Limits,
+    stop: asyncio.Event,
+) -> int:
+    """Open the host and serve until shutdown; the exit code (a refused start's too)."""
+    started = False
+    try:
+        async with Host.open(data_dir, busy_timeout=busy_timeout, limits=limits) as host:
+            started = True
+            tune_gc()
+            for sig in _SIGNALS:
+                asyncio.get_running_loop().add_signal_handler(sig, host.shutdown_requested.set)
+            if stop.is_set():
+                host.shutdown_requested.set()
+            if listener is not None:
+                await listener.serve(host)
+            else:
+                await serve_stdio(host)
+    except IndexBusy as exc:  # only Host.open raises these
+        log.error("%s", exc)
+        return 3
+    except UnsafeDataDir as exc:
+        log.error("%s", exc)
+        return 2
+    except (OSError, sqlite3.Error) as exc:
+        if started:
+            raise
+        return refuse_start(data_dir, exc)
+    log.info("host stopped")
+    return 0

@@ -16,7 +16,7 @@ from msgspec import UNSET, Raw
 
 from host._checkpoints import Checkpoint
 from host._errors import AgentBusy, InvalidParams, NotFound
-from host._messages import Head, Status, incoming_head, parse_incoming, parse_stored
+from host._messages import Head, Message, Status, incoming_head, parse_incoming, parse_stored
 from host._recovery import quarantine
 from host._session import Session
 from host._sessions import SessionMethods
@@ -51,15 +51,8 @@ class TurnMethods:
             raise InvalidParams(f"prompt must be a user message, not role {prompt.head.role!r}")
         sid, tid = p.session_id, p.turn_id
         s = await self.registry.open(sid)
-        if s.turn(tid) is not None:  # the same turn again: a no-op ...
-            row = await s.lookup(prompt.id) if prompt else None
-            if prompt is not None and row is None and not await s.has_prompt(tid):
-                # ... unless its turn has no prompt: the first call died between its
-                # turn row and its prompt, and answering the retry as a no-op would lie.
-                line, _ = await self.sessions.append_locked(s, prompt, tid)
-                await s.prompt_stored(tid)
-                return BeginTurnResult(turn_id=tid, line=line)
-            return BeginTurnResult(turn_id=tid, line=row.line if row else UNSET)
+        if s.turn(tid) is not None:  # the same turn again
+            return await self._again(s, tid, prompt)
         running = await s.running_turn()
         if running is not None:
             raise AgentBusy(f"turn {running!r} is running in session {sid!r}", turnId=running)
@@ -78,6 +71,17 @@ class TurnMethods:
             raise
         await s.prompt_stored(tid)
         return BeginTurnResult(turn_id=tid, line=line)
+
+    async def _again(self, s: Session, tid: str, prompt: Message | None) -> BeginTurnResult:
+        """``beginTurn`` of a turn that exists: a no-op, unless its turn has no prompt (the
+        first call died between its turn row and its prompt: answering the retry as a no-op
+        would lie)."""
+        row = await s.lookup(prompt.id) if prompt else None
+        if prompt is not None and row is None and not await s.has_prompt(tid):
+            line, _ = await self.sessions.append_locked(s, prompt, tid)
+            await s.prompt_stored(tid)
+            return BeginTurnResult(turn_id=tid, line=line)
+        return BeginTurnResult(turn_id=tid, line=row.line if row else UNSET)
 
     async def end_turn(self, p: EndTurnParams) -> EndTurnResult:
         sid, tid = p.session_id, p.turn_id
