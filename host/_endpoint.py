@@ -379,8 +379,8 @@ class Connection:
         """
         try:
             return self._request(item, batch)
-        except (msgspec.DecodeError, RecursionError) as exc:
-            return _error(None, ParseError(f"parse error: {exc}").to_object())
+        except (msgspec.DecodeError, RecursionError) as exc:  # its id, if it comes first
+            return _error(_head_id(item[:4096]), ParseError(f"parse error: {exc}").to_object())
 
     def _request(self, item: bytes, batch: _Batch | None = None) -> _Call | bytes | None:
         """One request decoded: its call, admitted or at the gate, or its answer (``None``:

@@ -34,12 +34,12 @@ MAX_MESSAGE = 64 * 1024 * 1024 - 4096
 for the fields it adds). A batch line of one such row, sent alone, fits the 64 MiB."""
 MAX_DEPTH = 979
 """How deep a message may nest (the message object is the first level): the deepest the
-host reads inside a batch line, as the drain sends rows. Its decoder recurses within
-CPython's 1,000 frames, from some twenty frames down its stack; a level deeper is answered
-``PARSE_ERROR`` with the row's id (the outbox sets such a row aside), two levels deeper the
-whole batch line is, ``id: null``, which no call could be told. The host's first append of
-a run reads one level less: a row it refuses so is set aside. ``tests/outbox/test_bad_rows``
-holds this to the real host."""
+host reads inside a batch line on every call path, as the drain sends rows. Its decoder
+recurses within CPython's 1,000 frames, from some twenty frames down its stack, and the
+first append of a run goes a frame deeper than the next (979 there, 980 after): the outbox
+takes the lower, so that no path refuses a row it sent (one that does is answered
+``PARSE_ERROR`` with its id, and set aside). ``tests/outbox/test_bad_rows`` holds this to
+the real host."""
 _ID = re.compile(ID_PATTERN)
 _ANY = msgspec.json.Decoder()
 

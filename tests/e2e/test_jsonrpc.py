@@ -5,10 +5,11 @@ Each bad line gets the error PROTOCOL.md names and leaves the data dir as it was
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import Client, HostProcess, dumps, everything, make_session, msg
+from tests.conftest import WAIT, Client, HostProcess, dumps, everything, make_session, msg
 
 
 async def test_requests_pipelined_in_one_write_apply_in_arrival_order(client: Client) -> None:
@@ -246,3 +247,32 @@ async def test_cancel_request_with_bad_params_is_invalid_params(client: Client) 
     await client.notify("$/cancelRequest", id=17.5)  # a notification: still no reply
     assert (await client.request("$/cancelRequest", {"id": 1}))["result"] is None
     assert client.unmatched == []
+
+
+async def test_a_batch_element_nested_past_the_decoder_is_answered_with_its_id(
+    client: Client,
+) -> None:
+    """An element its decoder cannot read (nested past CPython's frames, though the batch
+    around it decoded) was answered ``PARSE_ERROR`` with ``id: null``: a client could not
+    tell which call failed, and the outbox's batch waited out its deadline. Its id comes
+    first: it is answered with it. The depth where that happens depends on the host's
+    stack, so it is found: deeper and deeper until an element is refused."""
+    await client.call("session.create", sessionId="s")
+    for depth in range(960, 1000):
+        rid = client.next_id()
+        deep = b"[" * depth + b"]" * depth
+        element = (
+            b'{"jsonrpc":"2.0","id":%d,"method":"session.appendMessage","params":'
+            b'{"sessionId":"s","message":{"id":"m%d","role":"tool","n":%s}}}' % (rid, rid, deep)
+        )
+        answer = client.expect_batch([rid])
+        stray = asyncio.ensure_future(client.next_unmatched())
+        await client.send_raw(b"[" + element + b"]\n")
+        done, _ = await asyncio.wait({answer, stray}, timeout=WAIT, return_when="FIRST_COMPLETED")
+        stray.cancel()
+        assert answer in done, f"depth {depth}: answered without its id: {stray.result()}"
+        (got,) = answer.result()
+        if "error" in got:
+            assert got["error"]["data"]["code"] == "PARSE_ERROR", got
+            return
+    raise AssertionError("no element was refused up to 1,000 levels")
