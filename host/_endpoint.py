@@ -709,7 +709,7 @@ def _head_id(head: bytes) -> Any:
             return None
         try:
             rid = ID_ONLY.decode(head[:end] + b"}").id
-        except msgspec.MsgspecError:
+        except (msgspec.MsgspecError, RecursionError):  # a prefix nested too deep: no id
             rid = None
         if isinstance(rid, int | str) and not isinstance(rid, bool):
             return rid
