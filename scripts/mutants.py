@@ -219,7 +219,9 @@ def pytest(tree: Path, tests: Sequence[str], jobs: str, log: Path) -> tuple[int,
         os.environ, PYTHONPATH=os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")])
     )
     env.pop("PYTEST_ADDOPTS", None)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-n", jobs, "-p", "no:cacheprovider"]
+    # -x only without workers: pytest-xdist stopped by -x exits 2 (interrupted), not 1
+    stop = ["-x"] if jobs == "0" else []
+    cmd = [sys.executable, "-m", "pytest", "-q", *stop, "-n", jobs, "-p", "no:cacheprovider"]
     t0 = time.monotonic()
     with log.open("w") as out:
         proc = subprocess.run([*cmd, *tests], cwd=tree, env=env, stdout=out, stderr=out)
