@@ -109,3 +109,31 @@ async def test_a_started_truncate_is_not_stopped_by_a_cancel(tmp_path: Path) -> 
     async with open_host(str(data)) as call:  # the regenerate's branch is archived
         revs = await call("session.listRevisions", sessionId="s", rootId="u1", includeMessages=True)
     assert [[m["id"] for m in r["messages"]] for r in revs["revisions"]] == [["a1", "a2"]]
+
+
+# Found when the mutants were re-pointed at the session-owner redesign (issue 37): a cancel
+# that took a started call out of its session's queue stopped nothing of it, so the tests
+# above passed, but the next call of the session then ran beside it.
+async def test_a_cancelled_started_call_still_holds_its_session(tmp_path: Path) -> None:
+    """An append sent after a truncate runs after it, cancel or not: it is stored after
+    the cut, never cut away by it, nor written while the cut is being made."""
+    data = tmp_path / "data"
+    async with open_host(str(data)) as call:
+        await call("session.create", sessionId="s")
+        for m in (msg("u1", "user"), msg("a1"), msg("a2")):
+            await call("session.appendMessage", sessionId="s", message=m)
+        reached, release = pause_history_at(call, "intent-recorded")
+        cut = call.expect("cut")
+        params = {"sessionId": "s", "fromMessageId": "a1"}
+        call.send(line(call.envelope("session.truncateFrom", params, "cut")))
+        await asyncio.wait_for(reached.wait(), WAIT)
+        after = call.expect("after")
+        params = {"sessionId": "s", "message": msg("b1")}
+        call.send(line(call.envelope("session.appendMessage", params, "after")))
+        call.send(line(call.envelope("$/cancelRequest", {"id": "cut"})))
+        release.set()
+        await call.close()
+        answers = {"cut": await cut, "after": await after}
+    assert answers["cut"].get("result", {}).get("removed") == 2, answers
+    assert answers["after"].get("result") == {"line": 1, "appended": True}, answers
+    assert await rows(data) == ["u1", "b1"]
