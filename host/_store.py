@@ -13,6 +13,7 @@ reconciled before it is served: at start, and after any write that failed half-w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -187,6 +188,10 @@ class Registry:
         await on_thread(self.checkpoints.remove, sid)
         if (s := self.sessions.get(sid)) is not None:
             s.has_checkpoint, s.checkpoint_of = False, None
+
+    def hold(self, sid: str) -> contextlib.AbstractAsyncContextManager[None]:
+        """Hold a session for work of the host's own, queued behind every call admitted."""
+        return self.locks.hold(sid)
 
     def with_checkpoints(self) -> list[str]:
         """The sessions whose checkpoint file may be there, in order."""

@@ -199,7 +199,7 @@ class TurnMethods:
         """Settle every session's leftover checkpoint, each under its session's lock."""
         out: list[RecoveredRow] = []
         for sid in self.registry.with_checkpoints():
-            async with self.registry.locks.hold(sid):
+            async with self.registry.hold(sid):
                 row = await self._settle_leftover(sid, wait_completed=False)
                 if row is not None:
                     out.append(row)
