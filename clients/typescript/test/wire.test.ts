@@ -70,8 +70,16 @@ test(
       message: message("a", "user", "first"),
     });
     // A host that answers nothing (stopped): the call's deadline passes, the client cancels.
+    // A call ahead of it on the same session (no deadline) holds the session as it is read,
+    // so the one behind it is still waiting when its cancel is read (docs/protocol.md: a
+    // call on an idle session takes its lock as it is read, and a cancel then comes too late).
     process.kill(c.pid!, "SIGSTOP");
+    let ahead: Promise<unknown> = Promise.resolve();
     try {
+      ahead = c.call("session.appendMessage", {
+        sessionId: "s",
+        message: message("a2", "user", "ahead"),
+      });
       const stalled = c.call(
         "session.appendMessage",
         { sessionId: "s", message: message("b", "user", "second") },
@@ -81,14 +89,15 @@ test(
     } finally {
       process.kill(c.pid!, "SIGCONT");
     }
+    await ahead;
     // The request and its cancel reach the host together: it is answered REQUEST_CANCELLED,
-    // which the client drops (its caller has moved on), and nothing was stored.
+    // which the client drops (its caller has moved on), and nothing of it was stored.
     const answer = await late.promise;
     assert.ok(
       "error" in answer && answer.error.data.code === "REQUEST_CANCELLED",
       JSON.stringify(answer),
     );
-    assert.deepEqual(await storedIds(host), ["a"]);
+    assert.deepEqual(await storedIds(host), ["a", "a2"]);
     await finish(host);
   },
 );
