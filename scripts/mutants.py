@@ -182,7 +182,8 @@ MUTANTS: list[Mutant] = [
            (CANCEL,)),
     Mutant("host-calls-in-flight-relaxed", "host/_limits.py",
            "CALLS_IN_FLIGHT = 1_024\n", "CALLS_IN_FLIGHT = 1_024 * 1_024\n",
-           ("tests/host/test_endpoint.py",)),
+           ("tests/host/test_endpoint.py::test_reading_pauses_at_the_bound_of_calls_in_flight_and"
+            "_resumes_after",)),
 ]
 # fmt: on
 
