@@ -167,51 +167,16 @@ async def drive(opts: Options, out: TextIO = sys.stdout) -> int:
                 print(f"connect sequence done: {run.recovered} checkpoint(s) recovered", file=out)
             return 0
         number = _next_run_number(app_dir)
-        rng = random.Random(f"{opts.seed}:{number}")
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        view = None if opts.json else asyncio.create_task(_live_view(run, box, driver))
-        sessions = [
-            _pi_session(driver, run, f"s{i}", number, opts, stop)
-            if opts.agent == "pi"
-            else _session(driver, run, f"s{i}", number, opts, random.Random(rng.random()), stop)
-            for i in range(opts.sessions)
-        ]
-        tasks = [asyncio.ensure_future(c) for c in sessions]
-        work: asyncio.Future[list[None]] = asyncio.gather(*tasks)
-        stopper: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
-        await asyncio.wait([work, stopper], return_when=asyncio.FIRST_COMPLETED)
-        if stop.is_set():  # quit: flush, abort active turns, wait at most 2 s for their rows
-
-            def stop_agents() -> None:
-                for agent in run.streaming.values():
-                    agent.stop()
-
-            await driver.quit(stop_agents)  # within its 2 s: the turns it could end
-        stopper.cancel()
-        if view is not None:
-            view.cancel()
-        failed = work.exception() if work.done() and not work.cancelled() else None
-        # Every session ends before any pi closes (one aborted by a close would go on to
-        # its next turn and start a new pi): on a quit, whatever still runs stops here, its
-        # rows kept in the outbox (and its checkpoint in the host) for the next start;
-        # when pi would not start (PiError), the other sessions end too.
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await asyncio.gather(*(pi.close() for pi in run.pis.values()))
-        if isinstance(failed, PiError):
-            print(f"drive: pi: {failed}", file=sys.stderr)
-            await client.close()
-            return 2
+        stopped, failed = await _run_sessions(opts, run, driver, box, number)
         if failed is not None:
-            log.error("a session failed", exc_info=failed)
-            print(f"drive: a session failed: {failed!r}", file=sys.stderr)
+            if isinstance(failed, PiError):
+                print(f"drive: pi: {failed}", file=sys.stderr)
+            else:
+                log.error("a session failed", exc_info=failed)
+                print(f"drive: a session failed: {failed!r}", file=sys.stderr)
             await client.close()
-            return 1
-        if not stop.is_set():  # after a quit, what did not land waits for the next start
+            return 2 if isinstance(failed, PiError) else 1
+        if not stopped:  # after a quit, what did not land waits for the next start
             with contextlib.suppress(DrainTimeout):
                 await box.drain(30.0)
         summary = {
@@ -244,6 +209,49 @@ async def drive(opts: Options, out: TextIO = sys.stdout) -> int:
         )
         return 1
     return 0
+
+
+async def _run_sessions(
+    opts: Options, run: Run, driver: TurnDriver, box: Outbox, number: int
+) -> tuple[bool, BaseException | None]:
+    """Run every session's turns until they are done or a quit; return whether it was a
+    quit, and the failure that ended a session, if any."""
+    rng = random.Random(f"{opts.seed}:{number}")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    view = None if opts.json else asyncio.create_task(_live_view(run, box, driver))
+    sessions = [
+        _pi_session(driver, run, f"s{i}", number, opts, stop)
+        if opts.agent == "pi"
+        else _session(driver, run, f"s{i}", number, opts, random.Random(rng.random()), stop)
+        for i in range(opts.sessions)
+    ]
+    tasks = [asyncio.ensure_future(c) for c in sessions]
+    work: asyncio.Future[list[None]] = asyncio.gather(*tasks)
+    stopper: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([work, stopper], return_when=asyncio.FIRST_COMPLETED)
+    if stop.is_set():  # quit: flush, abort active turns, wait at most 2 s for their rows
+
+        def stop_agents() -> None:
+            for agent in run.streaming.values():
+                agent.stop()
+
+        await driver.quit(stop_agents)  # within its 2 s: the turns it could end
+    stopper.cancel()
+    if view is not None:
+        view.cancel()
+    failed = work.exception() if work.done() and not work.cancelled() else None
+    # Every session ends before any pi closes (one aborted by a close would go on to
+    # its next turn and start a new pi): on a quit, whatever still runs stops here, its
+    # rows kept in the outbox (and its checkpoint in the host) for the next start;
+    # when pi would not start (PiError), the other sessions end too.
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await asyncio.gather(*(pi.close() for pi in run.pis.values()))
+    return stop.is_set(), failed
 
 
 async def _session(

@@ -125,7 +125,24 @@ class Journal:
                 self.path,
             ) from None
         data = read_fd(self._fd)
-        pos = bad = 0
+        pos, damaged = self._replay(data)
+        if pos < len(data):  # never acknowledged to the caller: enqueue had not returned
+            log.warning("journal: torn last entry (%d bytes) cut", len(data) - pos)
+            os.ftruncate(self._fd, pos)
+            os.fsync(self._fd)
+        self._written = self._synced = self.next_seq - 1
+        for e in self.pending.values():
+            if (reason := refusal(e.session_id, bytes(e.message), e.turn_id)) is not None:
+                self.refused[e.seq] = reason
+        if damaged:
+            self._quarantine(damaged)
+        if not self.pending and data:
+            self._compact()
+
+    def _replay(self, data: bytes) -> tuple[int, list[bytes]]:
+        """Replay the entries of ``data``; return where its last whole line ends and the
+        lines that could not be read."""
+        pos = 0
         damaged: list[bytes] = []
         while (nl := data.find(b"\n", pos)) >= 0:
             raw, at, pos = data[pos:nl], pos, nl + 1
@@ -133,7 +150,6 @@ class Journal:
                 raw.decode("utf-8")
                 line = read(_DEC, _checked(raw))  # a half surrogate pair is the host's JSON
             except (msgspec.MsgspecError, ValueError, RecursionError):
-                bad += 1
                 damaged.append(raw)
                 log.error("journal: unreadable entry at byte %d skipped", at)
                 continue
@@ -147,26 +163,19 @@ class Journal:
                 entry = Entry(line.seq, line.session_id, line.message, line.turn_id)
                 self.pending[line.seq] = entry
                 self.next_seq = max(self.next_seq, line.seq + 1)
-        if pos < len(data):  # never acknowledged to the caller: enqueue had not returned
-            log.warning("journal: torn last entry (%d bytes) cut", len(data) - pos)
-            os.ftruncate(self._fd, pos)
-            os.fsync(self._fd)
-        self._written = self._synced = self.next_seq - 1
-        for e in self.pending.values():
-            if (reason := refusal(e.session_id, bytes(e.message), e.turn_id)) is not None:
-                self.refused[e.seq] = reason
-        if bad:
-            quarantine = self.path + ".quarantine"
-            fd = open_append(quarantine)  # kept with their bytes, never just dropped
-            try:
-                write_all(fd, b"".join(b"%s\n" % base64.b64encode(raw) for raw in damaged))
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            fsync_dir(quarantine)
-            log.error("journal: %d unreadable entr(ies) skipped, kept in %s", bad, quarantine)
-        if not self.pending and data:
-            self._compact()
+        return pos, damaged
+
+    def _quarantine(self, damaged: list[bytes]) -> None:
+        """Keep unreadable entries with their bytes, never just drop them."""
+        quarantine = self.path + ".quarantine"
+        fd = open_append(quarantine)
+        try:
+            write_all(fd, b"".join(b"%s\n" % base64.b64encode(raw) for raw in damaged))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        fsync_dir(quarantine)
+        log.error("journal: %d unreadable entr(ies) skipped, kept in %s", len(damaged), quarantine)
 
     def _write(self, data: bytes) -> None:
         """Append ``data`` whole, or cut back what was written of it and raise ``OSError``.
