@@ -15,10 +15,8 @@ import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-import aiofiles
-
 from host._errors import Conflict, StorageError
-from host._fs import FileSystem, NotRegularFile, open_regular, read_regular, temp_name
+from host._fs import FileSystem, NotRegularFile, read_regular, temp_name
 from host._layout import Layout, check_id, legal_id
 from host._messages import parse_stored
 
@@ -137,16 +135,20 @@ class Archive:
             )
             return []
 
+    @staticmethod
+    def payload_name(revision: int) -> str:
+        """A new payload file's name for ``revision``: never one already there."""
+        return f"{revision:06d}-{os.urandom(4).hex()}.jsonl"
+
     def write_payload(
-        self, session_id: str, root_id: str, revision: int, lines: Sequence[bytes]
-    ) -> str:
-        """Write a branch's lines to a new payload file, fsynced; return its file name."""
+        self, session_id: str, root_id: str, name: str, lines: Sequence[bytes]
+    ) -> None:
+        """Write a branch's lines to the new payload file ``name``, fsynced."""
         folder = self.folder(session_id, root_id)
         self.fs.mkdir(folder)
-        name = f"{revision:06d}-{os.urandom(4).hex()}.jsonl"
         path = os.path.join(folder, name)
         self.fs.write_new(path, b"".join(line + b"\n" for line in lines))  # gone on a failure
-        return name  # its name is made durable by the folder fsync before its commit
+        # its name is made durable by the folder fsync before its commit
 
     def commit(self, session_id: str, root_id: str, revisions: Sequence[Revision]) -> None:
         """Replace the manifest atomically (``saveRevision``'s commit; its folder fsync
@@ -167,12 +169,6 @@ class Archive:
         tmp = temp_name(os.path.join(folder, "manifest.json"))
         self.fs.write_new(tmp, _manifest(root_id, revisions))
         return tmp
-
-    def install(self, session_id: str, root_id: str, tmp: str) -> None:
-        """Rename a :meth:`prepare`d manifest into place and fsync the folder: the commit."""
-        folder = self.folder(session_id, root_id)
-        self.fs.rename(tmp, os.path.join(folder, "manifest.json"))
-        self.fs.fsync_dir(folder)
 
     def unnamed(self, session_id: str, root_id: str) -> list[str]:
         """The root's files its manifest does not name (payloads to remove).
@@ -199,15 +195,6 @@ class Archive:
     def read(self, session_id: str, root_id: str, rev: Revision) -> list[bytes]:
         """Return the stored lines of one archived revision (``ArchiveDamaged`` if bad)."""
         data = read_regular(os.path.join(self.folder(session_id, root_id), rev.file))
-        return _lines(session_id, root_id, rev, data)
-
-    async def read_async(self, session_id: str, root_id: str, rev: Revision) -> list[bytes]:
-        """Stream one archived revision's payload (tens of MB) without blocking the loop."""
-        path = os.path.join(self.folder(session_id, root_id), rev.file)
-        # The guarded open (a link is not read through, a FIFO cannot hold the thread), then
-        # the read on aiofiles' thread.
-        async with aiofiles.open(open_regular(path), "rb") as f:
-            data = await f.read()
         return _lines(session_id, root_id, rev, data)
 
     def root_ids(self, session_id: str) -> list[str]:

@@ -101,17 +101,17 @@ class HistoryMethods:
 
     def _plan(
         self, s: Session, root_id: str, active: int | None, lines: Sequence[bytes]
-    ) -> tuple[list[Revision], int]:
-        """Archive ``lines`` as ``saveActiveRevision`` would: return the revisions, slot."""
+    ) -> tuple[list[Revision], int, Callable[[], None]]:
+        """Archive ``lines`` as ``saveActiveRevision`` would: return the revisions, the
+        slot, and what writes the new payload (in the change's prepare step)."""
         sid = s.id
         revs = s.archive.load(sid, root_id)
         slot = _slot(active, len(revs))
         if slot < len(revs) and self._same(s, root_id, revs[slot], lines):
-            return revs, slot  # the same branch again (a retry): nothing to write
-        name = s.archive.write_payload(sid, root_id, slot, lines)
-        rev = Revision(slot, name, len(lines), now_iso())
+            return revs, slot, _write_nothing  # the same branch again (a retry)
+        rev = Revision(slot, s.archive.payload_name(slot), len(lines), now_iso())
         revs = [*revs[:slot], rev, *revs[slot + 1 :]]
-        return revs, slot
+        return revs, slot, lambda: s.archive.write_payload(sid, root_id, rev.file, lines)
 
     def _same(self, s: Session, root_id: str, rev: Revision, lines: Sequence[bytes]) -> bool:
         try:
@@ -159,10 +159,11 @@ class HistoryMethods:
         root_id: str,
         old: list[Revision],
         revs: list[Revision],
+        write: Callable[[], None],
         pieces: list[Piece] | None,
     ) -> None:
-        """Commit the root's archive ``revs`` (payloads written) and the transcript of
-        ``pieces`` together, as one change (:mod:`host._intents`)."""
+        """Commit the root's archive ``revs`` (``write`` makes its new payload) and the
+        transcript of ``pieces`` together, as one change (:mod:`host._intents`)."""
         sid = s.id
         change = Change(sid)
         if revs != old:
@@ -170,6 +171,7 @@ class HistoryMethods:
             change.payloads = [r.file for r in revs if r not in old]
 
         def prepare(c: Change) -> None:
+            write()
             if c.root_id is not None:
                 c.manifest = os.path.basename(s.archive.prepare(sid, root_id, revs))
             if pieces is not None:
@@ -188,7 +190,8 @@ class HistoryMethods:
 
         def write() -> int:
             revs = s.archive.load(sid, p.root_id)
-            name = s.archive.write_payload(sid, p.root_id, len(revs), lines)
+            name = s.archive.payload_name(len(revs))
+            s.archive.write_payload(sid, p.root_id, name, lines)
             revs.append(Revision(len(revs), name, len(lines), now_iso()))
             s.archive.commit(sid, p.root_id, revs)
             s.archive.prune(sid, p.root_id)
@@ -209,7 +212,7 @@ class HistoryMethods:
                 revision=r.revision, message_count=r.messageCount, created_at=r.createdAt
             )
             if p.include_messages:
-                lines = await s.archive.read_async(sid, p.root_id, r)
+                lines = await on_thread(s.archive.read, sid, p.root_id, r)
                 info.messages = [Raw(x) for x in lines]
             infos.append(info)
         return ListRevisionsResult(
@@ -240,11 +243,11 @@ class HistoryMethods:
             )
         lines = await s.read_rows(branch)
         old = s.archive.load(sid, root_id)
-        revs, slot = await on_thread(self._plan, s, root_id, active, lines)
+        revs, slot, write = await on_thread(self._plan, s, root_id, active, lines)
         pager = _pager(root_id, len(revs), slot)
         stamped = pager != msg.pager()
         pieces, follow = await self._stamp(s, root, msg, pager, None) if stamped else (None, None)
-        await self._archive(s, root_id, old, revs, pieces)
+        await self._archive(s, root_id, old, revs, write, pieces)
         if follow is not None:
             await follow()
         return SaveActiveResult(
@@ -273,15 +276,14 @@ class HistoryMethods:
         else:
             chosen = await on_thread(s.archive.read, sid, p.root_id, old[p.revision])
         await self._check_ids(s, branch, chosen)  # before anything is written
+        revs, write = old, _write_nothing
         if lines:
-            revs, _ = await on_thread(self._plan, s, p.root_id, active, lines)
-        else:
-            revs = old
+            revs, _, write = await on_thread(self._plan, s, p.root_id, active, lines)
         pager = _pager(p.root_id, len(revs), p.revision)
         if revs == old and chosen == lines and pager == msg.pager():
             return ActivateResult(active_revision=p.revision, revision_count=len(revs))
         pieces, follow = await self._stamp(s, root, msg, pager, chosen)
-        await self._archive(s, p.root_id, old, revs, pieces)
+        await self._archive(s, p.root_id, old, revs, write, pieces)
         await follow()
         return ActivateResult(active_revision=p.revision, revision_count=len(revs))
 
@@ -347,7 +349,7 @@ class HistoryMethods:
         lines = await s.read_rows(branch)
         _, active = _stamp_of(msg)
         old = s.archive.load(sid, root.message_id)
-        revs, _slot = await on_thread(self._plan, s, root.message_id, active, lines)
+        revs, _slot, write = await on_thread(self._plan, s, root.message_id, active, lines)
         n = len(revs)
         nl = NewLine.of(msg, msg.turn_id, _pager(root.message_id, n + 1, n))
         change = Change(
@@ -359,6 +361,7 @@ class HistoryMethods:
         end, size = root.offset + len(nl.data) + 1, s.size
 
         def prepare(c: Change) -> None:
+            write()
             c.manifest = os.path.basename(s.archive.prepare(sid, root.message_id, revs))
             if end > size:  # the root line grows the file: room for it now
                 s.reserve(size, end - size)
@@ -393,6 +396,10 @@ class HistoryMethods:
         raise NotFound("message", p.from_message_id if p.from_message_id else None)
 
     # -- start-up -------------------------------------------------------------------
+
+
+def _write_nothing() -> None:
+    """No payload to write (the branch is archived already)."""
 
 
 def _nothing(change: Change) -> None:

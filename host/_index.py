@@ -443,8 +443,15 @@ class Index:
         if self.failures != failures:
             raise sqlite3.OperationalError(f"appended rows could not be indexed: {self.error}")
 
-    def reconciling(self, cache: RowCache) -> None:
-        """A stale session's rows are rebuilt from its file: forget what was queued."""
+    def lag(self, cache: RowCache) -> None:
+        """The session's file holds what its rows do not: rebuilt from it before use."""
+        if not cache.stale:
+            cache.stale = True
+            self.stale += 1
+
+    def caught_up(self, cache: RowCache) -> None:
+        """A stale session's rows were rebuilt from its file (or the session is gone):
+        forget what was queued."""
         if cache.stale:
             cache.stale = False
             self.stale -= 1
@@ -462,9 +469,7 @@ class Index:
             sids = sorted({q.cache.session_id for q in batch})
             log.error("index: a batch of appended rows failed to commit (%r): %s", exc, sids)
             for q in batch:  # the files hold the lines: rebuilt on next use
-                if not q.cache.stale:
-                    q.cache.stale = True
-                    self.stale += 1
+                self.lag(q.cache)
             self.failures += 1
             self.error = exc
             if not isinstance(exc, Exception):

@@ -91,22 +91,30 @@ class Intents:
                 self.discard(change)
                 raise
             return True
+        sid = change.session_id
         try:
             if change.root_id is not None:  # the prepared manifest's name made durable: the
                 # intent names it (the transcript's temp shares the intent's folder fsync)
-                self.fs.fsync_dir(self.archive.folder(change.session_id, change.root_id))
-            self.fs.write_atomic(self.layout.intent(change.session_id), _ENC.encode(change))
+                self.fs.fsync_dir(self.archive.folder(sid, change.root_id))
+            self.fs.write_atomic(self.layout.intent(sid), _ENC.encode(change))
         except BaseException:
-            self.discard(change)
+            # A replace whose rename could not be taken back left the intent (durable or
+            # not): what it names is kept, and the change made before the session is
+            # served again (:meth:`recorded`); the error is the call's all the same.
+            if not self.recorded(sid):
+                self.discard(change)
             raise
         try:
             self.apply(change)
             self.finish(change)
-        except OSError as exc:
-            sid = change.session_id
-            log.error("session %s: a recorded change is not applied yet: %s", sid, exc)
+        except Exception as exc:  # whatever it was: recorded, so made (finish_left)
+            log.error("session %s: a recorded change is not applied yet: %r", sid, exc)
             return False
         return True
+
+    def recorded(self, session_id: str) -> bool:
+        """Whether the session has an intent on disk (it is made before it is served)."""
+        return os.path.lexists(self.layout.intent(session_id))
 
     def discard(self, change: Change) -> None:
         """Remove what a change prepared: it was never recorded (the one undo)."""
@@ -166,19 +174,21 @@ class Intents:
         if change.root_id is not None:
             self.archive.prune(change.session_id, change.root_id)
 
-    def finish_left(self, session_id: str) -> None:
-        """Apply and finish the change a session has recorded, if any (blocking).
+    def finish_left(self, session_id: str) -> bool:
+        """Apply and finish the change a session has recorded, if any (blocking); return
+        whether there was one.
 
         ``OSError`` while the disk still fails: the session stays unserved until then.
         """
         change = self.read(session_id)
         if change is None:  # removed (its folder's fsync failed), or none of its own
             self.fs.fsync_dir(self.layout.sessions)
-            return
-        with contextlib.suppress(FileNotFoundError):  # a deleted session's leftover
+            return False
+        if os.path.lexists(self.layout.transcript(session_id)):  # else removed by hand
             self.apply(change)
         self.finish(change)
         log.warning("session %s: a recorded change is made", session_id)
+        return True
 
     def read(self, session_id: str) -> Change | None:
         """The session's recorded change, or ``None``; one that is not its own, or not

@@ -244,8 +244,14 @@ class Session:
             except BaseException:
                 reg.intents.discard(change)
                 raise
-            done = reg.intents.commit(change)
-            if done and (change.transcript is not None or change.cut is not None):
+            try:
+                done = reg.intents.commit(change)
+            except BaseException:
+                self.unfinished = reg.intents.recorded(self.id)
+                raise
+            if not done:  # set here, on the thread: a cancel of the call cannot lose it
+                self.unfinished = True
+            elif change.transcript is not None or change.cut is not None:
                 self.file.reopen()
             return done
 
@@ -256,7 +262,6 @@ class Session:
             raise
         reg.count("rewrites")
         if not done:
-            self.unfinished = True
             reg.forget(self)
 
     async def follow(self, rows: Sequence[Row], *, keep_from: int) -> None:
@@ -299,9 +304,7 @@ class Session:
     def lags(self) -> None:
         """Its files hold what its index does not (a full disk): it is rebuilt from them
         before it is served again (:meth:`Registry.open`), as after a failed batch."""
-        if not self.cache.stale:
-            self.cache.stale = True
-            self.registry.index.stale += 1
+        self.registry.index.lag(self.cache)
 
     # -- turns ----------------------------------------------------------------------
 

@@ -128,8 +128,7 @@ class Registry:
         their sessions, which are rescanned whole (blocking)."""
         done = []
         for sid in self.intents.pending():
-            if self.intents.read(sid) is not None:
-                self.intents.finish_left(sid)
+            if self.intents.finish_left(sid):
                 self.count("recovery.intents_finished")
                 done.append(sid)
         return done
@@ -251,6 +250,7 @@ class Registry:
         await self.index.mark_dirty(sid)  # a same-id session may follow its rows
         await on_thread(self._bury, sid)
         del self.sessions[sid]
+        self.index.caught_up(s.cache)  # gone: nothing of it is rebuilt
         try:
             await self.index.delete_session(s.cache)
         except Exception as exc:  # deleted all the same: its rows go at the next start
@@ -295,23 +295,23 @@ class Registry:
         s = self.sessions.get(session_id)
         if s is None:
             raise NotFound("session", session_id)
-        lags = False  # its index lags its file: reconciled whatever the stamps say
         if self.index.stale:
             await self.index.settle()  # every queued row of this session is through
-            if s.cache.stale:
-                self.index.reconciling(s.cache)
-                self.forget(s)  # its index lacks answered lines: reconcile
-                lags = True
         if s.unfinished:
             self.forget(s)
             await on_thread(self.intents.finish_left, session_id)
             s.unfinished = False
-            lags = True
+            s.lags()
+        # Its index lags its file (a failed batch or change, a created session's row):
+        # rebuilt whatever the stamps say; marked until the rebuild is through.
+        lags = s.cache.stale
+        if lags:
+            self.forget(s)
         if s.transcript is not None:
             self._open[session_id] = self._open.pop(session_id)  # the most recently used now
             return s
         row = await self.index.session(session_id)
-        if row is None:
+        if row is None and not lags:
             raise NotFound("session", session_id)
         await self._make_room()
         self._opening += 1
@@ -321,13 +321,14 @@ class Registry:
             raise NotFound("session", session_id) from None
         finally:
             self._opening -= 1
-        if lags or not row.matches(transcript.stamp()):
+        if lags or row is None or not row.matches(transcript.stamp()):
             # Changed behind the index's back (a write that failed half-way): the file is
             # the truth, so index it again, and reopen it (a quarantine replaces it).
             transcript.close()
             await reconcile(self, session_id, full=lags)
             if lags:
                 await reconcile_turns(self, session_id, row)
+                self.index.caught_up(s.cache)
             row = await self.index.session(session_id)
             assert row is not None
             await self._make_room()
@@ -439,6 +440,7 @@ class Registry:
             "sessions.open": len(self._open),
             "locks.held": len(self.locks),
             "index.batches": self.index.batches,
+            "index.lagging": self.index.stale,
             "fsyncs.onLoop": int(self.fsyncs.inline),
             "rewrites.copyFallbacks": self.fs.copy_fallbacks,
             "sidecars.setAside": self.fs.set_aside_count,

@@ -58,7 +58,7 @@ class TurnMethods:
             raise AgentBusy(f"turn {running!r} is running in session {sid!r}", turnId=running)
         cp = s.checkpoint()
         if cp is not None and cp.turn_id != tid:  # a leftover of an ended turn
-            await self._settle_leftover(sid, wait_completed=False)
+            await self._settle_leftover(sid)
         # The turn is logged with its prompt's id first: a start that finds it running
         # without that prompt stored forgets it (void), so the call is all or nothing.
         await s.record_turn(tid, "running", prompt.id if prompt else None)
@@ -112,7 +112,7 @@ class TurnMethods:
         tid = await s.running_turn()
         cp = s.checkpoint()
         if cp is not None and cp.turn_id != tid:  # a leftover of an ended turn
-            await self._settle_leftover(s.id, wait_completed=False)
+            await self._settle_leftover(s.id)
         elif cp is not None:
             await self.promote(s, cp, "aborted")
         if tid is not None:
@@ -140,7 +140,7 @@ class TurnMethods:
         if old is not None and old[0] != p.turn_id:
             if s.turn(old[0]) == "running":
                 return await self._beside_running(s, p)
-            await self._settle_leftover(s.id, wait_completed=False)  # never overwrite
+            await self._settle_leftover(s.id)  # never overwrite
         await s.save_checkpoint(p.turn_id, head.id, p.message)
         self.registry.count("checkpoints.saved")
         return SavedResult(saved=True)
@@ -200,12 +200,12 @@ class TurnMethods:
         out: list[RecoveredRow] = []
         for sid in self.registry.with_checkpoints():
             async with self.registry.hold(sid):
-                row = await self._settle_leftover(sid, wait_completed=False)
+                row = await self._settle_leftover(sid)
                 if row is not None:
                     out.append(row)
         return RecoverResult(recovered=out)
 
-    async def _settle_leftover(self, sid: str, *, wait_completed: bool) -> RecoveredRow | None:
+    async def _settle_leftover(self, sid: str) -> RecoveredRow | None:
         try:
             s = await self.registry.open(sid)
         except NotFound:
@@ -217,8 +217,6 @@ class TurnMethods:
             return None
         turn = s.turn(cp.turn_id)
         if turn == "completed":
-            if wait_completed:
-                return None  # the outbox's finished row wins (ADR 0153 amendment)
             return await self.promote(s, cp, "complete")
         row = await self.promote(s, cp, "aborted")
         if turn == "running":

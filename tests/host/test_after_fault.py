@@ -21,14 +21,16 @@ from tests.host.powerloss import PowerLossFileSystem
 class FailOnce(FileSystem):
     """Fails the first seam call named ``what`` (whose path ends with ``suffix``) once armed."""
 
-    def __init__(self, what: str, suffix: str = "", err: int = errno.EIO) -> None:
-        self.what, self.suffix, self.err = what, suffix, err
+    def __init__(
+        self, what: str, suffix: str = "", err: int = errno.EIO, error: Exception | None = None
+    ) -> None:
+        self.what, self.suffix, self.err, self.error = what, suffix, err, error
         self.armed = False
 
     def _maybe(self, what: str, path: Any = "") -> None:
         if self.armed and what == self.what and str(path).endswith(self.suffix):
             self.armed = False
-            raise OSError(self.err, f"injected {what}")
+            raise self.error or OSError(self.err, f"injected {what}")
 
     def ftruncate(self, fd: int, size: int) -> None:
         self._maybe("ftruncate")
@@ -211,3 +213,23 @@ async def test_a_settled_intent_whose_unlink_was_never_synced_stays_gone(
     fs.image(img)  # a power cut now
     async with open_host(img) as call:
         assert await ids(call) == ["u1", "a1"], "a power cut brought a settled intent back"
+
+
+async def test_a_recorded_change_is_made_whatever_stopped_its_apply(tmp_path: Path) -> None:
+    """Past its record a change is made, whatever the error that stopped applying it (not
+    only ``OSError``): the session is served only once it is, and an append acknowledged
+    after it survives the next start, which finds nothing left to replay over it."""
+    data = str(tmp_path / "data")
+    fs = FailOnce("ftruncate", error=RuntimeError("injected: not an OSError"))
+    async with open_host(data, fs) as call:
+        await call("session.create", sessionId="s")
+        for m in (msg("u1", "user"), msg("a1"), msg("u2", "user"), msg("b1"), msg("b2")):
+            await call("session.appendMessage", sessionId="s", message=m)
+        fs.armed = True
+        cut = await call("session.truncateFrom", sessionId="s", fromMessageId="b1")
+        assert cut["removed"] == 2
+        assert not fs.armed
+        await call("session.appendMessage", sessionId="s", message=msg("c1"))
+        assert await ids(call) == ["u1", "a1", "u2", "c1"]
+    async with open_host(data) as call:
+        assert await ids(call) == ["u1", "a1", "u2", "c1"], "an acknowledged append was lost"
