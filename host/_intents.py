@@ -66,6 +66,31 @@ class Change(Struct, rename="camel", omit_defaults=True, forbid_unknown_fields=T
 
 
 _DEC = msgspec.json.Decoder(Change)
+_OLDER = {"archive", "cut", "stamp"}  # the steps of an intent of a host before this format
+
+
+class OlderIntent(OSError):
+    """The session's intent is of an older hostcore, which finished its change by other
+    rules (a hash-checked cut, a stamp replayed): never guessed at, never dropped."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(
+            f"{path} records a change of an older hostcore, which this one does not make:"
+            " the session is not served until it is (start that version once), or until"
+            " the file is moved away to keep the session's files as they are"
+        )
+
+
+def _older(path: str, session_id: str) -> bool:
+    try:
+        old = msgspec.json.decode(read_regular(path))
+    except (OSError, msgspec.MsgspecError, RecursionError):
+        return False
+    return (
+        isinstance(old, dict) and old.get("sessionId") == session_id and bool(_OLDER & old.keys())
+    )
+
+
 _ENC = msgspec.json.Encoder()
 
 
@@ -202,6 +227,8 @@ class Intents:
             log.error("%s left alone: %s", path, exc.strerror)
             return None
         except (OSError, msgspec.MsgspecError, RecursionError) as exc:
+            if _older(path, session_id):
+                raise OlderIntent(path) from None
             log.error("unreadable intent %s dropped: %s", path, exc)
             self.fs.unlink(path)
             return None

@@ -6,7 +6,7 @@ DIR/sessions/<id>.jsonl               the transcript, the truth
 DIR/sessions/<id>.meta.json           title and creation time
 DIR/sessions/<id>.inflight.json       the streaming checkpoint (ADR 0153)
 DIR/sessions/<id>.inflight.spare      the checkpoint before it: the next one's temp file
-DIR/sessions/<id>.intent.json         a truncation in progress (ADR 0216)
+DIR/sessions/<id>.intent.json         a recorded change of several files (ADR 0216)
 DIR/sessions/<id>.turns.log           the turn log (the turn table is derived from it)
 DIR/sessions/<id>.jsonl.quarantine    corrupt lines moved aside at start
 DIR/sessions/<id>.jsonl.deleted       the transcript of a session being deleted

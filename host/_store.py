@@ -27,7 +27,7 @@ from host._checkpoints import Checkpoints
 from host._errors import NotFound
 from host._fs import FileSystem, on_thread
 from host._index import Index, RowCache, SessionRow, now_iso
-from host._intents import Intents
+from host._intents import Intents, OlderIntent
 from host._layout import Layout, UnsafeFolder
 from host._limits import OPEN_TRANSCRIPTS
 from host._locks import LockTable
@@ -117,6 +117,9 @@ class Registry:
         recovery), with what its checkpoint file says."""
         for row in await self.index.sessions():
             self.sessions[row.session_id] = Session(row.session_id, self)
+        for sid in self.intents.pending():  # not made at start (OlderIntent): made first
+            if (s := self.sessions.get(sid)) is not None:
+                s.unfinished = True
         for sid in self.layout.sidecar_ids(".inflight.json"):
             if (s := self.sessions.get(sid)) is not None:
                 s.has_checkpoint = True
@@ -128,7 +131,12 @@ class Registry:
         their sessions, which are rescanned whole (blocking)."""
         done = []
         for sid in self.intents.pending():
-            if self.intents.finish_left(sid):
+            try:
+                made = self.intents.finish_left(sid)
+            except OlderIntent as exc:
+                log.error("session %s: %s", sid, exc)
+                continue
+            if made:
                 self.count("recovery.intents_finished")
                 done.append(sid)
         return done

@@ -279,25 +279,25 @@ LAYOUT_OUTRO = """
   save overwrites (see Durability). The host never reads it; it goes with its checkpoint
   and at every start. Read a live checkpoint under a shared `flock` (as `hostview inspect`
   does) and no save overwrites the file while you read it.
-- `sessions/<id>.intent.json` is written before a change that touches the archive and the
-  transcript (`saveActiveRevision`, `activateRevision`, a `truncateFrom` that archives or
-  restamps its root): what the archive manifest, the cut and the stamp will be. Every step
-  is idempotent and checks the state it finds (a cut carries the SHA-256 of the bytes it
-  removes), so a host that dies mid-way finishes the change at its next start. When a
-  later step fails while the host lives, `saveActiveRevision` and `activateRevision` undo
-  what they did and answer `STORAGE_ERROR` (only if the undo fails too does the intent
-  stay); a `truncateFrom` has nothing left that a full disk can fail, and one that an I/O
-  error stops answers `STORAGE_ERROR` and is finished before the session is served again
-  (design: docs/design.md).
+- `sessions/<id>.intent.json` records a change of several files, or of one in several steps
+  (`saveActiveRevision`, `activateRevision`, a `truncateFrom` that archives or restamps its
+  root): the temp files it prepared (archive manifest, payloads, new transcript) and the
+  cut. It is written after every new byte is in those files, fsynced (all the space
+  taken), and is the change's commit point: from then on the change is made, never undone.
+  Applying it (renames, the cut in place) is safe to run again over its own half-done self
+  and needs no new space; a host that dies mid-way, or a disk that fails it, finishes it
+  by the same code at the session's next call or at the next start, before the session is
+  served again. While a session has one, nothing else changes its files (design:
+  docs/design.md, "Changes").
 - `sessions/<id>.jsonl.quarantine` gets one JSON line per line moved out of the transcript:
   `{"sessionId", "line", "offset", "reason", "rawBase64"}`.
 - `revisions/<id>/<rootId>/manifest.json` lists a root's archived revisions
   (`{"rootId", "revisions": [{"revision", "file", "messageCount", "createdAt"}]}`); each
   revision's stored lines are in a payload file beside it (`NNNNNN-<hex>.jsonl`). The
   manifest is the commit point: a payload is written and fsynced (with its folder) first,
-  then the manifest is replaced atomically, and payloads it no longer names are removed
-  once the call is finished (so a failed call can go back to the old manifest). Listing
-  revisions reads only the manifest.
+  then the manifest is replaced atomically (by itself for `saveRevision`, as part of a
+  recorded change otherwise), and payloads it no longer names are removed once the change
+  is finished. Listing revisions reads only the manifest.
 - `host.lock` holds the pid of the host that owns the data dir. The host holds an exclusive
   `flock` on it and one on the data dir's folder itself, so that deleting or replacing
   `host.lock` under a live host lets no second host in.
@@ -366,8 +366,8 @@ An answer to a write means it is on disk. The order of every write (`host/_store
   file. Up to 1 MiB, and while fsyncs are fast, the replace runs on the event loop, as an
   append's write does; else on a thread.
 - **Delete**: the transcript is renamed to `<id>.jsonl.deleted` and the folder fsynced (that
-  is the commit point; a failed fsync or index delete renames it back), then the index rows
-  go, then the session's other files are removed without an fsync: what a power cut brings
+  is the commit point; a failed fsync renames it back, before the commit is durable), then
+  the index rows go (a failed index delete is finished at the next start), then the session's other files are removed without an fsync: what a power cut brings
   back of them is removed at the next start.
 
 At start, before the first request is read (`host/_service.py`, `host/_recovery.py`):
@@ -391,7 +391,7 @@ At start, before the first request is read (`host/_service.py`, `host/_recovery.
      **quarantine file** `<id>.jsonl.quarantine` with its bytes and reported in the log and
      in `host.stats` (`recovery.quarantined_lines`), never silently dropped; the transcript is
      rewritten without it (temp file, fsync, rename).
-5. Stamps of finished intents are completed and `running` turns become `aborted`. Leftover
+5. `running` turns become `aborted`. Leftover
    checkpoints are **not** promoted at start: every one waits for
    `session.recoverInflightMessages`, which the connect sequence calls after the outbox has
    drained, so the outbox's finished row wins (see the departure below).
