@@ -21,6 +21,7 @@ from typing import Protocol
 
 from host._fs import FileSystem, NotRegularFile, on_thread, read_regular
 from host._index import Index, Row, RowCache, SessionRow, now_iso
+from host._intents import Change, Intents
 from host._layout import SPARE, Layout
 from host._messages import Message, pager_json, parse_stored
 from host._transcript import FileStamp, Piece, Transcript, iter_lines
@@ -35,6 +36,7 @@ class Store(Protocol):
     index: Index
     fs: FileSystem
     turnlog: TurnLog
+    intents: Intents
     counters: dict[str, int]
 
     def count(self, name: str, n: int = 1) -> None: ...
@@ -216,7 +218,8 @@ def _repair_file(
                 pieces.append((r.offset, r.length + 1))
                 rows.append(r._replace(offset=pos))
                 pos += r.length + 1
-            t.replace(pieces)
+            store.intents.commit(Change(session_id, transcript=t.prepare(pieces)))
+            t.reopen()
             result.rows = rows
         if hint is not None and start_line == 0 and len(result.rows) < hint.line_count:
             log.error(

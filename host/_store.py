@@ -116,10 +116,10 @@ class Registry:
         """Hold a :class:`Session` for every session the index knows (start, after
         recovery), with what its checkpoint file says."""
         for row in await self.index.sessions():
-            self.sessions[row.session_id] = Session(row.session_id, self)
-        for sid in self.intents.pending():  # not made at start (OlderIntent): made first
-            if (s := self.sessions.get(sid)) is not None:
-                s.unfinished = True
+            sid = row.session_id
+            self.sessions[sid] = Session(sid, self)
+            # a change recorded and not made at start (OlderIntent): made before it is served
+            self.sessions[sid].unfinished = self.intents.recorded(sid)
         for sid in self.layout.sidecar_ids(".inflight.json"):
             if (s := self.sessions.get(sid)) is not None:
                 s.has_checkpoint = True

@@ -79,7 +79,7 @@ class Transcript:
 
     def prepare(self, pieces: Sequence[Piece]) -> str:
         """Write ``pieces`` to a new temp file beside the transcript, fsynced; return its
-        name (removed on a failure). Nothing is replaced until :meth:`install`."""
+        name (removed on a failure). The change engine renames it in (``Intents.apply``)."""
         tmp = temp_name(self.path)
         # Not O_APPEND while it is filled: copy_file_range refuses (EBADF) a destination
         # opened for appending.
@@ -104,18 +104,6 @@ class Transcript:
         fd = self.fs.open(self.path, os.O_RDWR | os.O_APPEND)
         self.close()
         self.fd = fd
-
-    def replace(self, pieces: Sequence[Piece]) -> None:
-        """Replace the file atomically by ``pieces``: temp file, fsync, rename, folder fsync."""
-        folder = os.path.dirname(self.path)
-        tmp = os.path.join(folder, self.prepare(pieces))
-        try:
-            self.fs.rename(tmp, self.path)
-        except BaseException:
-            self.fs.unlink(tmp)
-            raise
-        self.reopen()
-        self.fs.fsync_dir(folder)
 
 
 def iter_lines(

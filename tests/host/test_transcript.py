@@ -49,19 +49,6 @@ def test_reads_and_stamp_follow_appends(t: Transcript) -> None:
     assert _path(t).read_bytes().endswith(b'{"id":"d"}\n')
 
 
-def test_replace_copies_ranges_and_new_bytes_and_appends_follow(t: Transcript) -> None:
-    path = _path(t)
-    ino = os.stat(path).st_ino
-    a, b = len(LINES[0]), len(LINES[1])
-    t.replace([(0, a), b'{"id":"B"}\n', (a + b, len(LINES[2]))])
-    assert path.read_bytes() == LINES[0] + b'{"id":"B"}\n' + LINES[2]
-    assert os.stat(path).st_ino != ino  # a new file renamed into place
-    assert os.stat(path).st_mode & 0o777 == 0o600
-    t.write(b'{"id":"d"}\n')  # the descriptor now is the new file
-    assert path.read_bytes().endswith(b'{"id":"d"}\n')
-    assert [p.name for p in path.parent.iterdir()] == ["s.jsonl"]  # no temp file left
-
-
 def test_a_prepared_file_replaces_nothing_until_installed(t: Transcript) -> None:
     path = _path(t)
     before = path.read_bytes()
