@@ -26,9 +26,8 @@ from host._wire import Id
 class Checkpoint(Struct, rename="camel"):
     """The content of one checkpoint file.
 
-    ``message_id`` is the message's own ``id``. The file leaves it out: its bytes are
-    written while the message's head is still being scanned (:meth:`Checkpoints.fill`).
-    Files from before that carry it, and read the same.
+    ``message_id`` is the message's own ``id``. The file leaves it out (the message is
+    written as its caller's bytes, not decoded); older files carry it, and read the same.
     """
 
     session_id: str
@@ -75,29 +74,21 @@ class Checkpoints:
         """Return the checkpoint file's bytes (to quarantine a corrupt one)."""
         return read_regular(self.layout.inflight(session_id))
 
-    def fill(self, session_id: str, turn_id: str, message: Raw) -> None:
-        """Write the session's next checkpoint durably into its spare, not yet in place.
+    def save(self, session_id: str, turn_id: str, message: Raw) -> None:
+        """Replace the session's checkpoint atomically, through its spare.
 
         The file's bytes are the message's own, framed: no 1 MB copy to encode them.
-        Nothing reads the spare, so a call that then decides not to :meth:`install` it
-        (a late snapshot, a bad message) changes nothing.
         """
         head = b'{"sessionId":%s,"turnId":%s,"savedAt":%s,"message":' % (
             _ENC.encode(session_id),
             _ENC.encode(turn_id),
             _ENC.encode(now_iso()),
         )
-        spare = self.layout.inflight_spare(session_id)
-        self.fs.fill_spare(spare, [head, memoryview(message), b"}"])
-
-    def install(self, session_id: str) -> None:
-        """Swap the filled spare in as the session's checkpoint (atomic, folder fsynced)."""
-        self.fs.swap_in(self.layout.inflight(session_id), self.layout.inflight_spare(session_id))
-
-    def save(self, session_id: str, turn_id: str, message: Raw) -> None:
-        """Replace the session's checkpoint atomically: :meth:`fill`, then :meth:`install`."""
-        self.fill(session_id, turn_id, message)
-        self.install(session_id)
+        self.fs.write_swap(
+            self.layout.inflight(session_id),
+            self.layout.inflight_spare(session_id),
+            [head, memoryview(message), b"}"],
+        )
 
     def remove(self, session_id: str) -> None:
         """Remove the session's checkpoint durably.

@@ -270,8 +270,9 @@ class FileSystem:
         self.write_new(tmp, data)
         self._install(tmp, path)
 
-    def write_swap(self, path: str, spare: str, data: bytes) -> None:
-        """Replace ``path`` with ``data`` as :meth:`write_atomic` does, reusing a temp file.
+    def write_swap(self, path: str, spare: str, parts: Sequence[Buffer]) -> None:
+        """Replace ``path`` with the bytes of ``parts`` as :meth:`write_atomic` does, reusing a
+        temp file.
 
         The temp file is ``spare``, kept between calls: it is overwritten in place and made
         durable (:meth:`fill_spare`), then swapped with ``path`` in one :meth:`exchange`
@@ -280,7 +281,7 @@ class FileSystem:
         2.1 ms): no blocks to allocate at the fsync, none to free at the rename. A failure
         changes nothing; the spare is never read, so a torn one is harmless.
         """
-        self.fill_spare(spare, [data])
+        self.fill_spare(spare, parts)
         self.swap_in(path, spare)
 
     def fill_spare(self, spare: str, parts: Sequence[Buffer]) -> None:

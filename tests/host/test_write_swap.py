@@ -19,7 +19,7 @@ from host._fs import Buffer, read_whole
 
 
 def swap(fs: FileSystem, folder: Path, data: bytes) -> None:
-    fs.write_swap(str(folder / "cp.json"), str(folder / "cp.spare"), data)
+    fs.write_swap(str(folder / "cp.json"), str(folder / "cp.spare"), [data])
 
 
 def names(folder: Path) -> list[str]:
