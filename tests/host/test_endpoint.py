@@ -60,7 +60,8 @@ async def opened(tmp_path: Path) -> AsyncIterator[tuple[Host, Connection, FakeWr
         await conn.finish()
         assert writer.replies()["create"]["result"]["created"] is True
         yield host, conn, writer
-        await conn.finish()
+        async with asyncio.timeout(30):  # a call the test left hanging fails it, not the run
+            await conn.finish()
 
 
 async def _until_waiting(host: Host, session_id: str, users: int) -> None:
