@@ -606,6 +606,8 @@ class Connection:
         or read them down to :data:`ANSWERS_RESUME` (``False``)."""
         self._writer_paused = paused
         if paused:
+            if self.outlet is not None:  # issue 34: what its watchers are sent waits
+                self.outlet.paused()
             self._flow()
         else:
             self._open_gate()
@@ -630,8 +632,13 @@ class Connection:
 
     def notify(self, data: bytes) -> None:
         """Write notification lines (issue 34), behind the answers queued so far."""
-        self._out.append(data)
-        self._flush(join=len(data) <= READ_BUFFER)
+        if self._out:
+            self._flush()
+        if not self.closed:
+            try:
+                self.writer.write(data)
+            except (ConnectionError, RuntimeError) as exc:
+                self._gone(exc)
 
     def error_now(self, error: dict[str, Any]) -> None:
         """Write an error object that answers no request (``id: null``), now."""

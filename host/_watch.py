@@ -110,11 +110,14 @@ def tag_of(message: bytes | memoryview | Raw) -> int:
 def _tail(cursor: Cursor, event: Event) -> bytes:
     """What follows the ``watchId`` in a ``session.event`` line, newline included: the
     same for every watcher of one change, so made once for them all."""
-    return b',"cursor":"%b","event":%b}}\n' % (cursor.text().encode(), ENCODER.encode(event))
+    return b"".join(
+        (b',"cursor":"', cursor.text().encode(), b'","event":', ENCODER.encode(event), b"}}\n")
+    )
 
 
 class Connection(Protocol):
-    """What an outlet needs of its connection (``host._endpoint.Connection`` is one)."""
+    """What an outlet needs of its connection (``host._endpoint.Connection`` is one): it
+    tells the outlet when its client stops taking lines, takes them again, or leaves."""
 
     outlet: Any
 
@@ -162,6 +165,8 @@ class Outlet:
         self.hub = hub
         self.watchers: dict[str, Watcher] = {}
         self.ready: deque[Watcher] = deque()  # with lines queued, in turn
+        self.parts: list[bytes] = []  # lines of watchers with none queued, for one write
+        self.open = conn.writable  # its client takes more (kept by the connection's hooks)
         self.scheduled = False
         self.closed = False
 
@@ -183,7 +188,7 @@ class Outlet:
             self.ready.append(w)
         if (
             bounded
-            and not self.conn.writable
+            and not self.open
             and len(w.queue) > 1
             and (w.queued > WATCH_QUEUE or len(w.queue) > WATCH_EVENTS)
         ):
@@ -219,7 +224,7 @@ class Outlet:
         """Hand queued lines to the connection in one write, a watcher at a time, while
         its client takes more."""
         self.scheduled = False
-        if not self.conn.writable:
+        if not self.open:
             return
         out: list[bytes] = []
         sent = 0
@@ -246,7 +251,7 @@ class Outlet:
 
     async def room(self, w: Watcher) -> None:
         """Return once ``w``'s queue is empty and its client takes more."""
-        while w.queue or not self.conn.writable:
+        while w.queue or not self.open:
             if self.closed or w.ending:
                 raise asyncio.CancelledError("the watch ended")
             w.waiter = asyncio.get_running_loop().create_future()
@@ -255,8 +260,13 @@ class Outlet:
             finally:
                 w.waiter = None
 
+    def paused(self) -> None:
+        """The client takes no more for now: what its watchers are sent waits, bounded."""
+        self.open = False
+
     def writable(self) -> None:
         """The client reads again: go on."""
+        self.open = True
         if self.ready and not self.scheduled:
             self.scheduled = True
             self.hub.outlets.append(self)
@@ -277,6 +287,7 @@ class Outlet:
     def gone(self) -> None:
         """The client left, or its input ended: every watch of it ends."""
         self.closed = True
+        self.open = False
         for w in list(self.watchers.values()):
             self.remove(w)
 
@@ -378,14 +389,26 @@ class WatchHub(Epochs):
             loop.call_soon(loop.call_soon, self.fan_out)
 
     def fan_out(self) -> None:
-        """Queue each noted change for its watchers, encoded once, then hand each
-        connection with lines queued its lines."""
+        """Hand each noted change to its watchers, encoded once, then each connection its
+        lines in one write: straight on for a watcher with nothing queued whose client
+        takes more (the common case, and the cheap one), else through its queue."""
         self._soon = False
         notes, self.notes = self.notes, []
+        direct: list[Outlet] = []
         for watchers, cursor, event in notes:
             tail = _tail(cursor, event)
             for w in watchers:
-                w.outlet.push(w, tail, cursor)
+                o = w.outlet
+                if o.open and not w.queue and not w.ending:
+                    if not o.parts:
+                        direct.append(o)
+                    o.parts += (w.head, tail)
+                    w.pos = w.delivered = cursor
+                else:
+                    o.push(w, tail, cursor)  # behind what it has queued (or not at all)
+        for o in direct:
+            data, o.parts = b"".join(o.parts), []
+            o.conn.notify(data)
         for _ in range(len(self.outlets)):
             self.outlets.popleft().drain()
 
