@@ -441,6 +441,10 @@ class WatchHub(Epochs):
         start = Cursor(epoch, now.lines, 0, 0) if after is None else after
         self._ids += 1
         w = Watcher(f"w{self._ids}", sid, outlet, start)
+        if outlet.closed:  # its input ended: the watch ends with it, at once
+            if not st.watchers:
+                del self.sessions[sid]
+            return WatchResult(watch_id=w.id, cursor=start.text(), total_lines=start.lines)
         outlet.watchers[w.id] = w
         if start.epoch != epoch or start.lines > now.lines or start.turns > now.turns:
             start = Cursor(epoch, now.lines, 0, 0)
@@ -486,8 +490,6 @@ class WatchHub(Epochs):
         if conn.outlet is None:
             conn.outlet = Outlet(conn, self)
         outlet: Outlet = conn.outlet
-        if outlet.closed:
-            raise Internal("the connection is closing: no more watches on it")
         return outlet
 
     async def _epoch(self, sid: str) -> str:
