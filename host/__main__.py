@@ -1,4 +1,4 @@
-"""Command line: ``python -m host serve|verify``.
+"""Command line: ``python -m host serve|verify|watch``.
 
 The read-only looks at a data dir are a package of their own: ``python -m hostview
 inspect|export``.
@@ -34,6 +34,10 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if command == ["watch"]:  # a client of a running host: outbox's (issue 34)
+        from outbox._tail import main as watch
+
+        return watch((sys.argv[1:] if argv is None else argv)[1:])
     from host._index import BUSY_TIMEOUT
     from host._limits import HANDSHAKE_TIMEOUT
 
@@ -42,6 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     serve = sub.add_parser("serve", help="serve the protocol on stdio or a Unix socket")
     serve.add_argument("--data-dir", required=True)
     serve.add_argument("--socket", help="serve any number of connections on this Unix socket")
+    serve.add_argument(
+        "--also-socket",
+        metavar="PATH",
+        help="serve stdio and, beside it, any number of connections on this Unix socket"
+        " (for watchers: python -m host watch); the host exits when stdin ends",
+    )
     serve.add_argument(
         "--handshake-timeout",
         type=float,
@@ -55,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=["auto", "uvloop", "asyncio"],
         help="event loop: auto is uvloop when installed (make bench measures both)",
     )
+    sub.add_parser("watch", help="follow a session live on a host's socket, like tail -f")
     verify = sub.add_parser("verify", help="check every transcript against the index")
     verify.add_argument("--data-dir", required=True)
     verify.add_argument(
@@ -72,7 +83,14 @@ def main(argv: list[str] | None = None) -> int:
         from host._server import serve as run
 
         return run_loop(
-            run(args.data_dir, args.socket, args.busy_timeout, args.handshake_timeout), args.loop
+            run(
+                args.data_dir,
+                args.socket,
+                args.busy_timeout,
+                args.handshake_timeout,
+                also_socket=args.also_socket,
+            ),
+            args.loop,
         )
     from host._verify import verify as check
 

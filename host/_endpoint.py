@@ -95,8 +95,9 @@ class Service(Protocol):
     def big_results(self) -> Collection[str]:
         """Methods whose answer is not bounded by their request (reads): one at a time."""
 
-    def submit(self, method: str, params: Any) -> Place:
-        """Queue a decoded call on its session, now: its place is its admission."""
+    def submit(self, method: str, params: Any, origin: Connection) -> Place:
+        """Queue a decoded call on its session, now: its place is its admission
+        (``origin``: the connection that asks, which a watch needs)."""
 
 
 class Writer(Protocol):
@@ -240,6 +241,7 @@ class Connection:
         self._big = 0  # calls of big_results running (0 or 1)
         self._writer_paused = False  # the client leaves ANSWERS_WAITING bytes unread
         self._pausing = False  # this connection's flow control paused its reader
+        self.outlet: Any = None  # its watches (host/_watch.py): told below
 
     # -- input ----------------------------------------------------------------------
 
@@ -573,7 +575,7 @@ class Connection:
 
     def _admit(self, call: _Call) -> None:
         self._big += call.big
-        call.place = self.service.submit(call.method, call.params)
+        call.place = self.service.submit(call.method, call.params, self)
 
     def _leave_gate(self, call: _Call) -> None:
         """Take a call out of the gate unadmitted (cancelled): it answers as such."""
@@ -604,18 +606,39 @@ class Connection:
         or read them down to :data:`ANSWERS_RESUME` (``False``)."""
         self._writer_paused = paused
         if paused:
+            if self.outlet is not None:  # what its watchers are sent waits
+                self.outlet.paused()
             self._flow()
         else:
             self._open_gate()
             asyncio.get_running_loop().call_soon(self._flow)  # not inside the transport's call
+            if self.outlet is not None:  # its watchers' queued events go on
+                self.outlet.writable()
 
     def writer_gone(self) -> None:
         """The client went away: nothing more can reach it; calls still run (writes land)."""
         self.closed = True
+        if self.outlet is not None:  # its watches end
+            self.outlet.gone()
         self._open_gate()
         asyncio.get_running_loop().call_soon(self._flow)
 
     # -- output ---------------------------------------------------------------------
+
+    @property
+    def writable(self) -> bool:
+        """Whether its client takes more now (its watchers' events wait if not)."""
+        return not self._writer_paused and not self.closed
+
+    def notify(self, data: bytes) -> None:
+        """Write notification lines, behind the answers queued so far."""
+        if self._out:
+            self._flush()
+        if not self.closed:
+            try:
+                self.writer.write(data)
+            except (ConnectionError, RuntimeError) as exc:
+                self._gone(exc)
 
     def error_now(self, error: dict[str, Any]) -> None:
         """Write an error object that answers no request (``id: null``), now."""
@@ -673,6 +696,8 @@ class Connection:
         Cancelling this wait cancels no call (``asyncio.wait``, not ``gather``): a call
         that has started runs to its end whatever happens to its client.
         """
+        if self.outlet is not None:  # no event after end of input
+            self.outlet.gone()
         while self.tasks:
             await asyncio.wait(list(self.tasks))
         self._flush()

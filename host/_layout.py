@@ -11,6 +11,7 @@ DIR/sessions/<id>.turns.log           the turn log (the turn table is derived fr
 DIR/sessions/<id>.jsonl.quarantine    corrupt lines moved aside at start
 DIR/sessions/<id>.jsonl.deleted       the transcript of a session being deleted
 DIR/revisions/<id>/<rootId>/          archived regenerate branches (ADR 0060)
+DIR/watch/<id>.epoch                  the transcript's epoch, once watched: ended by every rewrite
 """
 
 from __future__ import annotations

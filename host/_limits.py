@@ -103,3 +103,28 @@ def raise_nofile() -> int:
             continue
         return want
     return soft
+
+
+# -- watches (issue 34) -------------------------------------------------------------------
+
+WATCH_QUEUE = 1024 * 1024
+"""Event bytes queued for one watcher, beyond the one being written, while its client takes
+no more; past it (or past :data:`WATCH_EVENTS`) its queued events are dropped and it gets
+one ``reset`` (``overflow``) with the cursor to resume from, which ends it."""
+WATCH_EVENTS = 4096
+"""Events queued for one watcher (small ones: ``live`` deltas), as :data:`WATCH_QUEUE`."""
+WATCH_BYTES = 64 * 1024 * 1024
+"""Event bytes queued for all watchers together; past it the watcher with the most queued
+is ended as at :data:`WATCH_QUEUE`."""
+WATCHES_PER_CONNECTION = 256
+"""Watches one connection holds at once; ``session.watch`` past it is ``LIMIT_EXCEEDED``."""
+WATCHERS_PER_SESSION = 1024
+"""Watchers of one session at once (each event is written once per watcher);
+``session.watch`` past it is ``LIMIT_EXCEEDED``."""
+LIVE_DATA = 1024 * 1024
+"""Bytes of one ``session.publish``'s ``data``; a longer one is ``LIMIT_EXCEEDED``."""
+REPLAY_CHUNK = 256 * 1024
+"""Stored bytes a catching-up watcher reads in one hold of its session (at least one line),
+and only once its client has taken what it read before."""
+DRAIN_STEP = 1024 * 1024
+"""Notification bytes a connection is handed in one pass of the loop."""

@@ -19,6 +19,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from host._epochs import Epochs
 from host._fs import FileSystem, NotRegularFile, on_thread, read_regular
 from host._index import Index, Row, RowCache, SessionRow, now_iso
 from host._intents import Change, Intents
@@ -38,6 +39,9 @@ class Store(Protocol):
     turnlog: TurnLog
     intents: Intents
     counters: dict[str, int]
+
+    @property
+    def watch(self) -> Epochs: ...
 
     def count(self, name: str, n: int = 1) -> None: ...
     def cache_of(self, session_id: str) -> RowCache: ...
@@ -209,6 +213,7 @@ def _repair_file(
             quarantine(store, session_id, [(-1, result.torn_at, torn, "torn last line")])
             t.cut(result.torn_at)
         if result.bad:
+            store.watch.forget(session_id)  # lines move, so its epoch ends
             quarantine(store, session_id, result.bad)
             # Rewrite without the bad lines; good rows get their new offsets.
             pieces: list[Piece] = [(0, start_off)]

@@ -572,6 +572,16 @@ class _Listener:
         self.ident = None
 
 
+async def _serve_both(host: Host, listener: _Listener) -> None:
+    """Serve stdio and ``listener``'s socket; end of stdin stops the socket's too."""
+    socket = asyncio.create_task(listener.serve(host))
+    try:
+        await serve_stdio(host)
+    finally:
+        host.shutdown_requested.set()
+        await socket
+
+
 EXIT_DISK_FULL = 4
 """Exit status of a start the disk refused: full or failing. Nothing was changed."""
 EXIT_NOT_WRITABLE = 5
@@ -635,8 +645,14 @@ async def serve(
     socket_path: str | None,
     busy_timeout: float = BUSY_TIMEOUT,
     handshake_timeout: float = HANDSHAKE_TIMEOUT,
+    *,
+    also_socket: str | None = None,
 ) -> int:
-    """Run the host on ``data_dir`` until end of input or shutdown; return the exit code."""
+    """Run the host on ``data_dir`` until end of input or shutdown; return the exit code.
+
+    ``also_socket``: serve stdio and that socket together (watchers beside the app that
+    spawned the host, issue 34); end of stdin stops both.
+    """
     nofile = raise_nofile()
     limits = Limits.for_descriptors(nofile, handshake_timeout)
     log.debug(
@@ -656,7 +672,8 @@ async def serve(
     stop = asyncio.Event()  # a signal during recovery: finish it, then exit 0 unserved
     for sig in _SIGNALS:
         loop.add_signal_handler(sig, stop.set)
-    listener = _Listener(socket_path) if socket_path else None
+    listen = socket_path or also_socket
+    listener = _Listener(listen) if listen else None
     try:
         if listener is not None:
             try:
@@ -667,7 +684,7 @@ async def serve(
             except OSError as exc:
                 log.error("cannot listen on %s: %s", socket_path, exc)
                 return 2
-        return await _run(data_dir, listener, busy_timeout, limits, stop)
+        return await _run(data_dir, listener, busy_timeout, limits, stop, beside=not socket_path)
     finally:
         if listener is not None:
             listener.close()
@@ -685,8 +702,12 @@ async def _run(
     busy_timeout: float,
     limits: Limits,
     stop: asyncio.Event,
+    *,
+    beside: bool = False,
 ) -> int:
-    """Open the host and serve until shutdown; the exit code (a refused start's too)."""
+    """Open the host and serve until shutdown; the exit code (a refused start's too).
+
+    ``beside``: ``listener`` serves beside stdio (issue 34's ``--also-socket``)."""
     started = False
     try:
         async with Host.open(data_dir, busy_timeout=busy_timeout, limits=limits) as host:
@@ -696,7 +717,9 @@ async def _run(
                 asyncio.get_running_loop().add_signal_handler(sig, host.shutdown_requested.set)
             if stop.is_set():
                 host.shutdown_requested.set()
-            if listener is not None:
+            if listener is not None and beside:
+                await _serve_both(host, listener)
+            elif listener is not None:
                 await listener.serve(host)
             else:
                 await serve_stdio(host)

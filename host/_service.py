@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import functools
 import logging
 import os
 import sqlite3
@@ -42,6 +44,8 @@ from host._turns import TurnMethods
 from host._wire import CreateParams, EmptyParams, ShutdownResult, StatsResult
 
 log = logging.getLogger("host")
+ASKERS = frozenset({"session.watch", "session.unwatch"})
+"""Methods whose handler is given the connection that asks (issue 34)."""
 
 
 class Host:
@@ -79,6 +83,10 @@ class Host:
             "host.stats": Method(self.host_stats, none),
             "host.shutdown": Method(self.host_shutdown, none),
         }
+        w = registry.watch  # issue 34
+        self.handlers["session.watch"] = Method(w.watch)
+        self.handlers["session.unwatch"] = Method(w.unwatch, none)
+        self.handlers["session.publish"] = Method(w.publish)
         """Each method's handler, the queues its calls enter, and its group commit."""
         self.methods = frozenset(self.handlers)
         self.big_results = frozenset({"session.get", "session.list", "session.listRevisions"})
@@ -86,9 +94,12 @@ class Host:
         self.requests = RequestBudget(REQUEST_BYTES)
         """The long request lines every connection holds together (docs/protocol.md)."""
 
-    def submit(self, method: str, params: Any) -> Ticket:
+    def submit(self, method: str, params: Any, origin: Any = None) -> Ticket:
         """Put a decoded call in the queues its method names (``host._locks.Scope``), now."""
         m = self.handlers[method]
+        if method in ASKERS:  # issue 34: a watch is its connection's
+            asker: Any = m.handler
+            m = dataclasses.replace(m, handler=functools.partial(asker, origin=origin))
         if isinstance(params, CreateParams) and not isinstance(params.session_id, str):
             params = structs.replace(params, session_id=uuid.uuid4().hex)
         return self.registry.locks.enqueue(m.queues(params), m, params)
@@ -131,6 +142,7 @@ class Host:
                 index = await stack.enter_async_context(Index.open(layout.index, fs, busy_timeout))
                 registry = Registry(layout, index, fs, open_transcripts=limits.open_transcripts)
                 stack.callback(registry.close)
+                stack.push_async_callback(registry.watch.aclose)  # issue 34
                 try:
                     host = await cls._recover(registry, limits, full)
                 except sqlite3.DatabaseError as exc:

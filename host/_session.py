@@ -187,6 +187,7 @@ class Session:
             reg.index.queue_append(self.cache, rows, stamp, count)
         self.size, self.line_count = pos, count
         reg.count("appends", len(rows))
+        reg.watch.appended(self.id, lines, rows[0].line)
         return [r.line for r in rows]
 
     def _cut_back(self, size: int) -> None:
@@ -235,6 +236,7 @@ class Session:
         disk fails its apply, it is made before the session is served again.
         """
         reg = self.registry
+        await reg.watch.before_change(self.id)  # its epoch ends first
         await reg.index.mark_dirty(self.id)
 
         def make() -> bool:
@@ -371,6 +373,7 @@ class Session:
         cps = self.registry.checkpoints
         await self.registry.durably(len(message), cps.save, self.id, turn_id, message)
         self.checkpoint_of = turn_id, message_id
+        self.registry.watch.checkpoint(self.id, turn_id, message)
 
     async def remove_checkpoint(self) -> None:
         await on_thread(self.registry.checkpoints.remove, self.id)

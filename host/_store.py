@@ -35,6 +35,7 @@ from host._recovery import reconcile, reconcile_turns
 from host._session import BIG_WRITE, Session, timed, turn_record
 from host._transcript import FileStamp, Transcript
 from host._turnlog import TurnLog, TurnStatus
+from host._watch import WatchHub
 
 log = logging.getLogger("host.store")
 RATE = 256 << 20
@@ -100,6 +101,8 @@ class Registry:
         self.locks.on_free = self._free
         self.fsyncs = FsyncPolicy()
         self.counters: dict[str, int] = {}
+        self.watch = WatchHub(self)
+        """Its sessions' watchers, told by each session of its changes."""
 
     def count(self, name: str, n: int = 1) -> None:
         """Add ``n`` to a ``host.stats`` counter."""
@@ -255,10 +258,12 @@ class Registry:
         if s is None:
             raise NotFound("session", sid)
         self.forget(s)
+        await self.watch.before_change(sid)  # its epoch ends first
         await self.index.mark_dirty(sid)  # a same-id session may follow its rows
         await on_thread(self._bury, sid)
         del self.sessions[sid]
         self.index.caught_up(s.cache)  # gone: nothing of it is rebuilt
+        self.watch.deleted(sid)
         try:
             await self.index.delete_session(s.cache)
         except Exception as exc:  # deleted all the same: its rows go at the next start
@@ -381,6 +386,7 @@ class Registry:
         """A session's holder left: a call waiting for room may close it now."""
         if session_id in self._open:
             self._next_room()
+        self.watch.released(session_id)  # a rewrite's reset goes out now
 
     def _next_room(self) -> None:
         while self._room:
@@ -433,6 +439,7 @@ class Registry:
         before it is served again (the log is the truth, the table derived)."""
         rec = turn_record(turn_id, status, prompt_id)
         _, after = await self.durably(0, self.turnlog.append, session_id, rec)
+        self.watch.turn(session_id, rec, after)
         try:
             await self.index.record_turns(session_id, [rec], after)
         except Exception as exc:

@@ -306,6 +306,92 @@ class ActivateResult(Result, omit_defaults=False):
     revision_count: int
 
 
+# -- watching (issue 34: host/_watch.py) --------------------------------------------------
+
+CURSOR_PATTERN = r"^[0-9a-f]{16}(\.[0-9]{1,15}){3}\Z"
+Cursor = Annotated[str, Meta(pattern=CURSOR_PATTERN)]
+"""A position in what a session holds on disk: ``epoch.lines.turnLogBytes.checkpoint``."""
+
+
+class WatchParams(Params):
+    session_id: Id
+    after: Cursor | UnsetType = UNSET
+
+
+class WatchResult(Result, omit_defaults=False):
+    watch_id: str
+    cursor: str
+    total_lines: int
+
+
+class UnwatchParams(Params):
+    watch_id: Annotated[str, Meta(max_length=64)]
+
+
+class UnwatchResult(Result, omit_defaults=False):
+    unwatched: bool
+
+
+class PublishParams(Params):
+    session_id: Id
+    turn_id: Id
+    data: Raw
+
+
+class PublishResult(Result, omit_defaults=False):
+    watchers: int
+
+
+class Event(Struct, tag_field="kind", rename="camel", omit_defaults=True):
+    """Base of what a ``session.event`` notification carries (its ``kind`` the tag)."""
+
+
+class AppendedEvent(Event, tag="appended"):
+    line: int
+    message: Raw
+
+
+class TurnEvent(Event, tag="turn"):
+    turn_id: str
+    status: Literal["running", "completed", "aborted", "error", "void"]
+    at: str
+    prompt_id: str | UnsetType = UNSET
+
+
+class CheckpointEvent(Event, tag="checkpoint"):
+    turn_id: str
+    message: Raw
+
+
+class ResetEvent(Event, tag="reset"):
+    reason: Literal["rewritten", "expired", "overflow"]
+    total_lines: int
+
+
+class DeletedEvent(Event, tag="deleted"):
+    pass
+
+
+class LiveEvent(Event, tag="live"):
+    turn_id: str
+    data: Raw
+
+
+AnyEvent = AppendedEvent | TurnEvent | CheckpointEvent | ResetEvent | DeletedEvent | LiveEvent
+
+
+class SessionEventParams(Struct, rename="camel"):
+    """The params of the host's ``session.event`` notification."""
+
+    watch_id: str
+    cursor: str
+    event: AnyEvent
+
+
+NOTIFICATIONS: dict[str, type[Struct]] = {"session.event": SessionEventParams}
+"""What the host sends unasked: notification name -> its params type."""
+
+
 # -- the method table -------------------------------------------------------------------
 
 METHODS: dict[str, tuple[type[Struct], type[Struct]]] = {
@@ -327,6 +413,9 @@ METHODS: dict[str, tuple[type[Struct], type[Struct]]] = {
     "session.saveActiveRevision": (SaveActiveParams, SaveActiveResult),
     "session.truncateFrom": (TruncateParams, TruncateResult),
     "session.activateRevision": (ActivateParams, ActivateResult),
+    "session.watch": (WatchParams, WatchResult),
+    "session.unwatch": (UnwatchParams, UnwatchResult),
+    "session.publish": (PublishParams, PublishResult),
     "host.stats": (EmptyParams, StatsResult),
     "host.shutdown": (EmptyParams, ShutdownResult),
 }

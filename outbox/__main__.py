@@ -1,4 +1,4 @@
-"""Command line: ``python -m outbox drive``."""
+"""Command line: ``python -m outbox drive|watch``."""
 
 from __future__ import annotations
 
@@ -13,8 +13,14 @@ from outbox._drive import Options, drive
 
 def main(argv: list[str] | None = None) -> int:
     """Run the outbox command line; return the exit code."""
+    args_in = sys.argv[1:] if argv is None else argv
+    if args_in[:1] == ["watch"]:
+        from outbox._tail import main as watch
+
+        return watch(args_in[1:], prog="python -m outbox watch")
     parser = argparse.ArgumentParser(prog="python -m outbox")
     sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("watch", help="follow a session live on a host's socket, like tail -f")
     d = sub.add_parser("drive", help="run a workload of conversations against a host")
     d.add_argument("--data-dir", required=True)
     d.add_argument("--sessions", type=int, default=3)
@@ -24,6 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--json", action="store_true", help="one JSON fact per line on stdout")
     d.add_argument("--recover-only", action="store_true", help="connect sequence, then exit")
     d.add_argument("--log-level", default="warning")
+    d.add_argument(
+        "--watch-socket",
+        metavar="PATH",
+        help="the host also serves this socket, for watchers (default: DIR/host.sock;"
+        " 'none' for none)",
+    )
     d.add_argument(
         "--agent", choices=("sim", "pi"), default="sim", help="the simulated agent, or pi"
     )
@@ -46,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         a.recover_only,
         agent=a.agent,
         pi_command=a.pi_command,
+        watch_socket=a.watch_socket,
     )
     return asyncio.run(drive(opts))
 

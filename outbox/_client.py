@@ -3,6 +3,9 @@
 Responses are matched by id and may come back in any order. Every call has a deadline
 (130 s by default); when it passes the client sends ``$/cancelRequest`` and raises
 :class:`CallTimeout`. When the host dies every pending call fails with :class:`HostGone`.
+``watch`` follows a session's changes (``session.event`` notifications, issue 34) as an
+async iterator that re-reads after a reset and resumes from its cursor after a reconnect
+(:mod:`outbox._watch`).
 
 Answers are read as the host reads JSON (``outbox._read``): a stored message holding half a
 surrogate pair (JavaScript clients write ``\ud83d``) comes back with U+FFFD in its place. An
@@ -21,18 +24,23 @@ call waiting, since any of them could be the one.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import logging
 import os
 import re
 import sys
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from outbox._files import open_append
 from outbox._read import deep, read
+
+if TYPE_CHECKING:
+    from outbox._watch import Watch
 
 log = logging.getLogger("outbox.client")
 PROTOCOL_VERSION = 11
@@ -66,6 +74,61 @@ class RemoteError(ClientError):
         self.name: str = self.data.get("code", "")
 
 
+INBOX_BYTES = 16 * 1024 * 1024
+"""Event bytes a watch's inbox holds unread; past it they are dropped for one ``reset``."""
+
+
+class Inbox:
+    """One watch's events as the connection read them, until its iterator takes them.
+
+    Bounded as the host bounds a watcher: an event that would take it past
+    :data:`INBOX_BYTES` unread is dropped, with every one after it, for an ``overflow``
+    reset after the last one it holds (the reader never stops for it: the connection's
+    answers must keep coming); the watch then resumes from there.
+    """
+
+    def __init__(self, start: str) -> None:
+        self.items: collections.deque[tuple[dict[str, Any], int]] = collections.deque()
+        self.bytes = 0
+        self.taken = start  # the cursor of the last event taken
+        self.changed = asyncio.Event()
+        self.closed = False
+        self.gone = False
+
+    def fail(self) -> None:
+        """The connection is gone: :meth:`get` raises ``HostGone`` once what came is taken."""
+        self.gone = True
+        self.changed.set()
+
+    def put(self, params: dict[str, Any], size: int) -> None:
+        if self.closed:
+            return
+        if self.items and self.bytes + size > INBOX_BYTES:
+            # what it holds stays (so it moves on), the rest is dropped: read again from
+            # the host's files, after the last event it holds
+            at = self.items[-1][0].get("cursor", self.taken)
+            reset = {"kind": "reset", "reason": "overflow", "totalLines": -1}
+            self.items.append(({"cursor": at, "event": reset}, 0))
+            self.closed = True
+        else:
+            self.items.append((params, size))
+            self.bytes += size
+        self.changed.set()
+
+    async def get(self) -> dict[str, Any]:
+        """The next event (waits for one)."""
+        while not self.items:
+            if self.gone:
+                raise HostGone("the host went away while watching")
+            self.changed.clear()
+            await self.changed.wait()
+        params, size = self.items.popleft()
+        self.bytes -= size
+        if isinstance(cursor := params.get("cursor"), str):
+            self.taken = cursor
+        return params
+
+
 class HostClient:
     """One connection to a host."""
 
@@ -76,8 +139,11 @@ class HostClient:
         proc: asyncio.subprocess.Process | None = None,
         deadline: float = DEFAULT_DEADLINE,
         spawn_args: tuple[str, str | None] | None = None,
+        socket_path: str | None = None,
     ) -> None:
         self.spawn_args = spawn_args
+        self.spawn_extra: tuple[str, ...] = ()
+        self.socket_path = socket_path
         self._reader = reader
         self._writer = writer
         self.proc = proc
@@ -85,14 +151,25 @@ class HostClient:
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._batches: dict[int, tuple[int, ...]] = {}  # a batch's call id -> all of its ids
+        self._watching: set[int] = set()  # ids of session.watch calls in flight
+        self.inboxes: dict[str, Inbox] = {}
+        """Each watch's events (``session.event``) as they arrive, by ``watchId``."""
         self._task = asyncio.create_task(self._read_loop())
         self.gone = asyncio.Event()
 
     @classmethod
     async def spawn(
-        cls, data_dir: str, *, log_path: str | None = None, deadline: float = DEFAULT_DEADLINE
+        cls,
+        data_dir: str,
+        *,
+        log_path: str | None = None,
+        deadline: float = DEFAULT_DEADLINE,
+        args: tuple[str, ...] = (),
     ) -> HostClient:
-        """Start ``python -m host serve --data-dir`` and connect over its pipes."""
+        """Start ``python -m host serve --data-dir`` and connect over its pipes.
+
+        ``args``: more ``serve`` arguments (``("--also-socket", PATH)``: watchers beside).
+        """
         stderr = open_append(log_path) if log_path else None  # never a link's or FIFO's
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -102,6 +179,7 @@ class HostClient:
                 "serve",
                 "--data-dir",
                 data_dir,
+                *args,
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=stderr if stderr else None,
@@ -117,13 +195,15 @@ class HostClient:
                 os.close(stderr)
         assert proc.stdout is not None and proc.stdin is not None
         writer = proc.stdin
-        return cls(proc.stdout, writer, proc, deadline, (data_dir, log_path))
+        client = cls(proc.stdout, writer, proc, deadline, (data_dir, log_path))
+        client.spawn_extra = args
+        return client
 
     @classmethod
     async def connect(cls, socket_path: str, *, deadline: float = DEFAULT_DEADLINE) -> HostClient:
         """Connect to a host serving on a Unix socket."""
         reader, writer = await asyncio.open_unix_connection(socket_path, limit=1 << 26)
-        return cls(reader, writer, None, deadline)
+        return cls(reader, writer, None, deadline, socket_path=socket_path)
 
     async def handshake(self, *, timeout: float | None = None) -> dict[str, Any]:
         """Handshake with protocol version 11.
@@ -169,18 +249,72 @@ class HostClient:
                     self._fail_unreadable(line, exc)
                     continue
                 for item in msg if isinstance(msg, list) else [msg]:
-                    rid = item.get("id") if isinstance(item, dict) else None
+                    if not isinstance(item, dict):
+                        continue
+                    if item.get("method") == "session.event":
+                        self._event(item.get("params"), len(line))
+                        continue
+                    rid = item.get("id")
                     fut = self._pending.pop(rid, None) if isinstance(rid, int) else None
+                    if isinstance(rid, int) and rid in self._watching:
+                        self._watching.discard(rid)
+                        self._watch_started(item)
                     if fut is not None and not fut.done():
                         fut.set_result(item)
         except (ConnectionError, asyncio.IncompleteReadError, ValueError) as exc:
             log.warning("host connection lost: %s", exc)
         finally:
             self.gone.set()
+            for inbox in self.inboxes.values():
+                inbox.fail()
             for fut in self._pending.values():
                 if not fut.done():
                     fut.set_exception(HostGone("the host went away before answering"))
             self._pending.clear()
+
+    def _watch_started(self, answer: dict[str, Any]) -> None:
+        """A watch's answer: its events, which follow it at once, have an inbox now."""
+        result = answer.get("result")
+        if isinstance(result, dict) and isinstance(wid := result.get("watchId"), str):
+            self.inboxes.setdefault(wid, Inbox(str(result.get("cursor"))))
+
+    def _event(self, params: Any, size: int) -> None:
+        if isinstance(params, dict) and (inbox := self.inboxes.get(params.get("watchId", ""))):
+            inbox.put(params, size)
+
+    def watch(
+        self,
+        session_id: str,
+        *,
+        after: str | None = None,
+        reconnect: Callable[[], Awaitable[HostClient]] | None = None,
+    ) -> Watch:
+        """Follow ``session_id`` (an async iterator of its events; see :class:`Watch`).
+
+        Without ``after`` it starts with a ``snapshot`` of the session's lines; with it,
+        after that cursor. When the connection is lost it resumes on ``reconnect()``'s
+        client (by default, for a socket client, a new connection to the same socket).
+        """
+        from outbox._watch import Watch
+
+        return Watch(self, session_id, after=after, reconnect=reconnect)
+
+    async def start_watch(self, session_id: str, after: str | None) -> dict[str, Any]:
+        """Call ``session.watch``; its events go to ``self.watches[watchId]``, buffered
+        until the caller takes them over (:meth:`watch` does)."""
+        params: dict[str, Any] = {"sessionId": session_id}
+        if after is not None:
+            params["after"] = after
+        rid = next(self._ids)
+        self._watching.add(rid)
+        try:
+            return await self._call_id(rid, "session.watch", params, None)  # type: ignore[no-any-return]
+        finally:
+            self._watching.discard(rid)
+
+    def notify(self, method: str, params: dict[str, Any] | None = None) -> None:
+        """Send a notification: no answer, nothing to wait for (``session.publish``)."""
+        self._send({"jsonrpc": "2.0", "method": method, "params": params or {}})
 
     def _send(self, obj: Any) -> None:
         if self.gone.is_set():
@@ -200,7 +334,11 @@ class HostClient:
         self, method: str, params: dict[str, Any] | None = None, *, timeout: float | None = None
     ) -> Any:
         """Call ``method`` and return its result, or raise."""
-        rid = next(self._ids)
+        return await self._call_id(next(self._ids), method, params, timeout)
+
+    async def _call_id(
+        self, rid: int, method: str, params: dict[str, Any] | None, timeout: float | None
+    ) -> Any:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
         self._send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params or {}})
@@ -289,7 +427,9 @@ class HostClient:
             self.kill()
             await self.proc.wait()
         data_dir, log_path = self.spawn_args
-        client = await HostClient.spawn(data_dir, log_path=log_path, deadline=self.deadline)
+        client = await HostClient.spawn(
+            data_dir, log_path=log_path, deadline=self.deadline, args=self.spawn_extra
+        )
         await client.handshake()
         return client
 

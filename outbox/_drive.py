@@ -54,6 +54,7 @@ class Options:
     recover_only: bool = False
     agent: str = "sim"  # or "pi"
     pi_command: str = "pi --mode rpc"
+    watch_socket: str | None = None  # default DIR/host.sock; "none": no socket
 
 
 class Streaming(Protocol):
@@ -121,10 +122,22 @@ def _next_run_number(app_dir: str) -> int:
     return n
 
 
+def watch_socket(opts: Options) -> str | None:
+    """Where the host serves watchers beside the drive (issue 34), or ``None``."""
+    if opts.watch_socket == "none":
+        return None
+    return opts.watch_socket or os.path.join(opts.data_dir, "host.sock")
+
+
 async def connect(opts: Options, box: Outbox, emit: Any) -> tuple[HostClient, list[Any]]:
     """Spawn the host and run the connect sequence; return the client and recoveries."""
     host_dir = os.path.join(opts.data_dir, "host")
-    client = await HostClient.spawn(host_dir, log_path=os.path.join(opts.data_dir, "host.log"))
+    sock = watch_socket(opts)
+    client = await HostClient.spawn(
+        host_dir,
+        log_path=os.path.join(opts.data_dir, "host.log"),
+        args=("--also-socket", sock) if sock else (),
+    )
     await client.handshake()
     box.attach(client)
     await box.drain(60.0)  # rows a killed run left in the journal land first
@@ -159,7 +172,7 @@ async def drive(opts: Options, out: TextIO = sys.stdout) -> int:
         )
         client, recovered = await connect(opts, box, emit)
         run.recovered = len(recovered)
-        driver = TurnDriver(client, box, emit=emit)
+        driver = TurnDriver(client, box, emit=emit, publish=True)
         if opts.recover_only:
             await client.close()
             emit({"event": "done", "recovered": run.recovered})
@@ -167,6 +180,12 @@ async def drive(opts: Options, out: TextIO = sys.stdout) -> int:
                 print(f"connect sequence done: {run.recovered} checkpoint(s) recovered", file=out)
             return 0
         number = _next_run_number(app_dir)
+        if (sock := watch_socket(opts)) is not None and not opts.json:
+            print(
+                "watch a session live from a second terminal:\n"
+                f"  {sys.executable} -m host watch --socket {sock} s0",
+                file=sys.stderr,
+            )
         stopped, failed = await _run_sessions(opts, run, driver, box, number)
         if failed is not None:
             if isinstance(failed, PiError):

@@ -5,6 +5,12 @@ The newest ``message_update`` snapshot is checkpointed at most every 1.5 s with 
 trailing write; at ``message_end`` the finished snapshot is checkpointed, the session's
 checkpoint state is settled only if no newer turn started during that write, and the
 final row is enqueued. Tool rows and delegate replies are never checkpointed.
+
+With ``publish=True`` every snapshot's new text also goes to the session's watchers at
+once (``session.publish``, a notification: stored nowhere, answered never, issue 34), so
+a second window follows a reply token by token, not from checkpoint to checkpoint:
+``{"messageId", "delta"}`` when the text grew, ``{"messageId", "text"}`` when it changed
+otherwise.
 """
 
 from __future__ import annotations
@@ -124,12 +130,15 @@ class TurnDriver:
         clock: Clock | None = None,
         emit: Emit | None = None,
         drain_timeout: float = DRAIN_TIMEOUT,
+        publish: bool = False,
     ) -> None:
         self.client = client
         self.outbox = outbox
         self.clock = clock or RealClock()
         self.emit = emit or (lambda _e: None)
         self.drain_timeout = drain_timeout
+        self.publish = publish
+        self._shown: dict[str, tuple[str, str]] = {}  # session -> (message id, text) published
         self.active: dict[str, TurnState] = {}  # session -> its running turn
         self.inflight: dict[str, Throttle] = {}  # session -> the checkpoint state it keeps
         self._turn_ended = asyncio.Event()
@@ -140,6 +149,23 @@ class TurnDriver:
         await self.outbox.enqueue(session_id, message, turn_id)
         self.stats["rows"] += 1
         self.emit({"event": "durable", "sessionId": session_id, "messageId": message["id"]})
+
+    def _publish(self, st: TurnState, message: dict[str, Any]) -> None:
+        """Send what the snapshot adds to the watchers (never waited for: see the doc)."""
+        mid, text = str(message.get("id")), text_of(message)
+        was_id, was = self._shown.get(st.session_id, ("", ""))
+        if was_id == mid and text.startswith(was):
+            if text == was:
+                return
+            data: dict[str, Any] = {"messageId": mid, "delta": text[len(was) :]}
+        else:
+            data = {"messageId": mid, "text": text}
+        self._shown[st.session_id] = (mid, text)
+        params = {"sessionId": st.session_id, "turnId": st.turn_id, "data": data}
+        try:
+            self.client.notify("session.publish", params)
+        except ClientError as exc:
+            log.debug("live text of %s not sent: %s", mid, exc)
 
     async def _checkpoint(self, st: TurnState, message: dict[str, Any]) -> None:
         try:
@@ -218,6 +244,8 @@ class TurnDriver:
                         # the first one's message_end settled it): quit flushes it too.
                         self.inflight[st.session_id] = st.throttle
                     st.throttle.update(m)
+                    if self.publish:
+                        self._publish(st, m)
             elif ev["type"] == "message_end":
                 if m := ev.get("message"):
                     if m.get("role") == "assistant" and not m.get("delegate"):

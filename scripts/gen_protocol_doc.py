@@ -62,6 +62,7 @@ contract as JSON Schema, for generating client types, is `docs/protocol.schema.j
 Contents: [Transport](#transport) · [Framing](#framing) ·
 [Handshake](#connecting-and-the-handshake) · [Errors](#errors) · [Messages](#messages) ·
 [Storage layout](#storage-layout) · [Durability](#durability) · [Methods](#methods) ·
+[Watching](#watching) ·
 [Departures from and additions to PROTOCOL.md](#departures-from-and-additions-to-protocolmd) ·
 [Limits](#limits) · [Command line](#command-line)
 """
@@ -623,6 +624,85 @@ read and the write inside one hold of the lock instead:
   waits for slow clients.
 """
 
+WATCHING = """\
+## Watching
+
+Any number of clients may follow a session as it changes (issue 34): a second window, a
+reloaded one, a tool in a terminal (`python -m host watch`). `session.watch` starts a
+watch; the host then sends that connection JSON-RPC notifications (no `id`, nothing to
+answer) named `session.event`, one per change, in the order the changes were applied,
+each with the *cursor* just after it. A watch ends with `session.unwatch`, when its
+connection closes, or with its last event, `reset` or `deleted`. Watching never ends or
+aborts a turn.
+
+**Cursors are positions on disk.** A cursor is `epoch.lines.turns.checkpoint` (clients
+treat it as opaque): the transcript's *epoch*, its line count, the turn log's size in
+bytes, and a tag (CRC-32) of the checkpoint the watcher was sent. Lines are only appended
+to a transcript until something rewrites it (`updateMessage`, `deleteMessages`,
+`replaceMessages`, `truncateFrom`, `saveActiveRevision`, `activateRevision`, a line the
+host quarantines, `session.delete`); every rewrite ends the epoch first, durably (its
+file `DIR/watch/<id>.epoch` is removed and the folder fsynced before the rewrite's own
+commit point), and a new epoch is random. Every event is sent after what it reports is
+durable. So a cursor means the same after a reconnect, a restart, a `SIGKILL` or a power
+cut: `session.watch` with `after` replays from the files what came after it (the lines, then
+the turn changes, then the current checkpoint if the watcher lacks it), then goes live; if
+its epoch is gone, the watch's only event is `reset`. An index rebuilt from the files keeps
+every epoch (they are not in it). A session nobody ever watched has no epoch file: its
+rewrites cost nothing more; one that was watched pays one fsync per rewrite.
+
+**Exactly once, in order, or `reset`.** A client that holds the lines before a cursor and
+applies the events after it holds exactly what `session.get` returns: an `appended` event's
+`line` is always the next line. The only way to skip is `reset`, the watch's last event,
+whose `cursor` is where to go on from:
+
+- `rewritten`: the transcript was rewritten while watched. Read the lines before the cursor
+  (`session.get` with `beforeLine` = `totalLines`), then `session.watch` with `after` = the
+  cursor: if that watch answers the same `cursor`, no rewrite came between and the lines
+  read are the cursor's; if not, do it again with the new one (its first event says so).
+- `expired`: a `session.watch` whose `after` was of an epoch that is gone; as `rewritten`.
+- `overflow`: the client did not take its events fast enough (see below). Its cursor is that
+  of the last event the connection was given, in the same epoch: watch again from it, with
+  nothing to read; the files replay what was dropped.
+
+`live` events are stored nowhere: a watcher catching up from the files, or one that
+reconnects, gets the last checkpoint instead of the deltas it missed. Between the kinds of
+a replay the order is the files': its lines, then its turn changes, then the checkpoint.
+`outbox`'s `HostClient.watch` and the TypeScript client's `watch` do all of this, and
+resume by themselves after a reconnect.
+
+**Fan-out and bounds.** The fan-out runs after the answer of the call that made the
+change is written: each change is encoded once for all its watchers, and each connection is
+handed its watchers' lines in one write (at most @@DRAIN_STEP@@ a pass of the host's loop),
+only while its client takes them (it leaves less than @@ANSWERS_WAITING@@ unread). A
+watcher whose client
+does not read is dropped past @@WATCH_QUEUE@@ (or @@WATCH_EVENTS@@ events) queued beyond
+the one being written, with one `reset` (`overflow`); all watchers together hold at most
+@@WATCH_BYTES@@ (past it the one with the most queued is dropped). A watcher catching up
+holds its session only to read a chunk (@@REPLAY_CHUNK@@ at most, and at least a line),
+and reads the next only once its client took the last: the files are its buffer. So a
+client that stops reading never slows a writer or another watcher, and costs the host what
+the limits say (see [Limits](#limits)); `host.stats` counts `watch.started`,
+`watch.resets`, `watch.expired` and `watch.overflows`.
+
+A `session.watch` in a batch may see its first events before the batch's answer; send it
+on its own.
+
+"""
+
+EVENT_DOCS = {
+    "appended": "a line stored: its number and the stored message, as the caller's bytes"
+    " with the host-owned fields (what `session.get` returns for it).",
+    "turn": "a turn began (`running`) or ended (`completed`, `aborted`, `error`; `void`: a"
+    " `beginTurn` whose prompt never reached the transcript, which never happened), as"
+    " the turn log has it.",
+    "checkpoint": "the in-flight message as saved (`saveInflightMessage`); it is settled when"
+    " a line with its id is appended or its turn ends.",
+    "reset": "the watch's last event; see above. `totalLines`: the transcript's lines at its"
+    " cursor (for an `overflow` one, the lines the watcher holds).",
+    "deleted": "the session was deleted: the watch's last event.",
+    "live": "what `session.publish` sent: stored nowhere, its cursor moves nothing.",
+}
+
 LIMITS_INTRO = """\
 ## Limits
 
@@ -722,6 +802,40 @@ LIMIT_ROWS = [
         "nothing a client sees: the least recently used idle one is closed, and reopened"
         " when next used (a call waits its turn while every open one is busy)",
     ),
+    (
+        "events queued for one watcher",
+        "@@WATCH_QUEUE@@ or @@WATCH_EVENTS@@ events, beyond the one being written",
+        "its queued events are dropped and its last event is `reset` (`overflow`) with the"
+        " cursor of the last event it was given: watch again from it (see"
+        " [Watching](#watching)); a writer or another watcher never waits for it",
+    ),
+    (
+        "events queued for all watchers",
+        "@@WATCH_BYTES@@",
+        "the watcher with the most queued is ended as above",
+    ),
+    (
+        "watches, a connection",
+        "@@WATCHES_PER_CONNECTION@@",
+        "`session.watch` is `LIMIT_EXCEEDED` (`data.limit`)",
+    ),
+    (
+        "watchers, a session",
+        "@@WATCHERS_PER_SESSION@@",
+        "`session.watch` is `LIMIT_EXCEEDED` (`data.limit`): each change is written once per"
+        " watcher",
+    ),
+    (
+        "a watcher catching up",
+        "@@REPLAY_CHUNK@@ (at least one line) read at a time",
+        "nothing a client sees: it reads from the files only once its client took what it"
+        " read before, so a client that does not read holds no memory for it",
+    ),
+    (
+        "`session.publish`'s `data`",
+        "@@LIVE_DATA@@",
+        "`LIMIT_EXCEEDED` (`data.limit`); nothing is sent",
+    ),
 ]
 
 LIMITS_OUTRO = """
@@ -766,6 +880,15 @@ COMMAND_LINE = """\
   @@BUSY_TIMEOUT@@ s): how long a statement waits for another program's lock on the index
   (SQLite's busy timeout) before it fails. At start that is exit 3 (`serve`), 2 (`verify`)
   or 1 (`inspect`); while serving, a call that waits it out answers `STORAGE_ERROR`.
+- `--also-socket PATH` (`serve`, without `--socket`): serve stdio and, beside it, any number
+  of connections on that Unix socket (watchers beside the app that spawned the host:
+  `make run` passes `DIR/host.sock`); the end of stdin ends both.
+- `python -m host watch --socket PATH SESSION [--after CURSOR] [--json]` follows a session
+  in a terminal like `tail -f`: its last lines, then every change as the host applies it
+  (the reply in flight token by token when its producer publishes it); when the host goes
+  away it waits for it and resumes after the last event shown; Ctrl-C prints the cursor to
+  resume from (`--after`). `--json`: each event as one JSON object a line, with its
+  cursor. It is a client (`outbox/_tail.py`; also `python -m outbox watch`).
 - `python -m host verify --data-dir DIR [--repair]` checks every transcript against the
   index and prints each disagreement (torn tail, corrupt or duplicate line, a row or count
   that differs). Exit status 0 when all agree, 1 otherwise (or when `DIR` has no
@@ -897,6 +1020,33 @@ nothing. `kept`, `removed` and `archived` count messages.""",
 Under the lock: archives the current branch (into the root's active slot, or appended), puts
 the chosen revision's messages in its place and stamps the root (`activeRevision` =
 `revision`, `revisionCount` = the archive's size). `AGENT_BUSY` while a turn runs.""",
+    "session.watch": """\
+Watch the session: from now on this connection gets `session.event` notifications for it
+(see [Watching](#watching)), and `watchId` names this watch in them. Queued on the session
+like its writes, so it starts between two changes. Without `after`: `cursor` is the session
+as it stands (`totalLines` lines: read them with `session.get`, `beforeLine` =
+`totalLines`), and the events replay the turn log and the checkpoint, then follow every
+change. With `after` (a cursor this host or an earlier one handed out): when its epoch
+still stands, `cursor` is `after` and the events replay from the files what came after it,
+then go live; when it is gone (a rewrite since, or a cursor of a deleted session), `cursor`
+is where the session stands now (as without `after`, but the turn log replayed whole) and
+the watch's first and last event is `reset` (`expired`). So a cursor was honoured exactly
+when `cursor` = `after`. `NOT_FOUND` for a session that does not exist; `INVALID_PARAMS`
+for a cursor the host cannot read; `LIMIT_EXCEEDED` past the
+[watch limits](#limits).""",
+    "session.unwatch": """\
+End a watch of this connection (no event follows; one already written may still be read).
+`unwatched: false` when it had ended (a `reset`, `deleted`) or is not this connection's.
+Never ends or aborts a turn: only `session.endTurn` does. A connection that closes ends its
+watches.""",
+    "session.publish": """\
+Send `data` (any JSON value: a token delta, a snapshot) at once to the session's watchers
+that are live, as a `live` event; stored nowhere, so a watcher catching up (or one that
+reconnects) never gets it: it gets the last checkpoint instead. Queued on the session like
+its writes, so a watcher sees it after the checkpoints saved before it. `watchers`: how
+many it was sent to. It checks nothing but its size (a session nobody watches takes it for
+nothing); send it as a notification (no `id`) to wait for nothing, as the turn driver does
+with `publish=True`.""",
     "host.stats": """\
 Counters and per-method latency (see [The host process](#the-host-process)).""",
     "host.shutdown": """\
@@ -911,6 +1061,17 @@ that request is answered `REQUEST_CANCELLED` if it had not yet started (see Canc
 
 FIELD_NOTES: dict[tuple[StructType, str], str] = {
     (_wire.HandshakeParams, "client"): 'free-form, e.g. `{"name", "version"}`; not stored',
+    (_wire.WatchParams, "after"): "a cursor: resume after it",
+    (_wire.WatchResult, "cursor"): "where the events start after; `after` when it was honoured",
+    (_wire.WatchResult, "totalLines"): "the transcript's lines at `cursor`",
+    (_wire.WatchResult, "watchId"): "unique in this host's life",
+    (_wire.PublishParams, "data"): "any JSON value (no message), at most @@LIVE_DATA@@",
+    (_wire.LiveEvent, "data"): "any JSON value: `session.publish`'s `data`, as sent",
+    (_wire.SessionEventParams, "watchId"): "`session.watch`'s",
+    (_wire.SessionEventParams, "cursor"): "the position just after this event",
+    (_wire.AppendedEvent, "line"): "always the next line (0-based)",
+    (_wire.TurnEvent, "at"): "when it was logged (UTC)",
+    (_wire.PublishResult, "watchers"): "the live watchers it was sent to",
     (_wire.HandshakeResult, "protocolVersion"): "always @@VERSION@@",
     (_wire.HandshakeResult, "hostVersion"): "the `host` package version",
     (_wire.HandshakeResult, "methods"): "what this host serves, sorted",
@@ -991,6 +1152,14 @@ def _subst(text: str) -> str:
         .replace("@@BUSY_TIMEOUT@@", f"{_index.BUSY_TIMEOUT:g}")
         .replace("@@EXIT_UNSUPPORTED@@", str(_platform.EXIT_UNSUPPORTED))
         .replace("@@EXIT_OS_ERROR@@", str(_server.EXIT_OS_ERROR))
+        .replace("@@WATCH_QUEUE@@", _mib(_limits.WATCH_QUEUE))
+        .replace("@@WATCH_EVENTS@@", f"{_limits.WATCH_EVENTS:,}")
+        .replace("@@WATCH_BYTES@@", _mib(_limits.WATCH_BYTES))
+        .replace("@@WATCHES_PER_CONNECTION@@", f"{_limits.WATCHES_PER_CONNECTION:,}")
+        .replace("@@WATCHERS_PER_SESSION@@", f"{_limits.WATCHERS_PER_SESSION:,}")
+        .replace("@@LIVE_DATA@@", _mib(_limits.LIVE_DATA))
+        .replace("@@DRAIN_STEP@@", _mib(_limits.DRAIN_STEP))
+        .replace("@@REPLAY_CHUNK@@", _mib(_limits.REPLAY_CHUNK))
     )
 
 
@@ -1178,6 +1347,22 @@ def messages_table() -> str:
     return "\n".join(rows) + "\n"
 
 
+def events_section() -> str:
+    """The ``session.event`` notification's params and each kind of event, from the wire."""
+    params = _wire.SessionEventParams
+    table = struct_table(params, False, [])
+    out = [f"`session.event` params (`{params.__name__}`):", "", *table, ""]
+    out += ["`event` is an object whose `kind` says which of these it is:", ""]
+    for cls in _wire.AnyEvent.__args__:
+        kind = cls.__struct_config__.tag
+        out += [f'`kind: "{kind}"` (`{cls.__name__}`): {EVENT_DOCS[kind]}', ""]
+        info = mi.type_info(cls)
+        assert isinstance(info, mi.StructType)
+        if info.fields:
+            out += [*struct_table(cls, False, []), ""]
+    return "\n".join(out)
+
+
 def methods_index() -> str:
     names = [*_wire.METHODS, "$/cancelRequest"]
     return " ·\n".join(f"[`{n}`](#{_anchor(n)})" for n in names)
@@ -1196,7 +1381,7 @@ def render() -> str:
         assert isinstance(info, mi.StructType)
         for f in info.fields:
             describe(f.type, nested)
-    known |= set(nested)
+    known |= set(nested) | {_wire.SessionEventParams, *_wire.AnyEvent.__args__}
     for cls, field in FIELD_NOTES:
         info = mi.type_info(cls)
         assert isinstance(info, mi.StructType)
@@ -1218,7 +1403,8 @@ def render() -> str:
         parts.append(method_section(name, params, result, METHOD_DOCS[name]))
     parts.append(method_section("$/cancelRequest", _wire.CancelParams, None, CANCEL_DOC))
     limits = "".join(f"| {a} | {b} | {c} |\n" for a, b, c in LIMIT_ROWS)
-    parts += [DEPARTURES, LIMITS_INTRO + limits + LIMITS_OUTRO, COMMAND_LINE]
+    parts += [WATCHING + events_section(), DEPARTURES, LIMITS_INTRO + limits + LIMITS_OUTRO]
+    parts.append(COMMAND_LINE)
     text = "\n".join(_subst(p).rstrip("\n") + "\n" for p in parts)
     return text
 

@@ -38,7 +38,9 @@ from host._wire import (
     METHODS,
     PROTOCOL_VERSION,
     CancelParams,
+    Event,
     Result,
+    SessionEventParams,
     TurnEnd,
 )
 
@@ -95,6 +97,8 @@ FIELD_TYPES: dict[tuple[str, str], Schema] = {
     ("ProtocolMismatchData", "expected"): {"const": PROTOCOL_VERSION},
     ("ProtocolMismatchData", "got"): ANY_JSON,
     ("CancelParams", "id"): ref("RequestId"),
+    ("PublishParams", "data"): ANY_JSON,
+    ("LiveEvent", "data"): ANY_JSON,
 }
 """Fields whose msgspec type is wider than what the host sends or accepts: the handshake's
 version is decoded as any integer so that another one is PROTOCOL_MISMATCH, not
@@ -176,7 +180,7 @@ def _retype(value: Any) -> Any:
 def _structs() -> dict[str, StructType]:
     """Every Struct on the wire (params, results, what they nest), by name."""
     todo: list[StructType] = [c for pair in METHODS.values() for c in pair]
-    todo += [CancelParams, Head, *(c.data_type for c in _error_classes())]
+    todo += [CancelParams, Head, SessionEventParams, *(c.data_type for c in _error_classes())]
     found: dict[str, StructType] = {}
     while todo:
         cls = todo.pop()
@@ -217,8 +221,10 @@ def _struct_schema(cls: StructType, schema: Schema) -> Schema:
     assert isinstance(info, mi.StructType)
     name = cls.__name__
     is_result = issubclass(cls, Result)
-    host_made = is_result or issubclass(cls, _errors.ErrorData)
+    host_made = is_result or issubclass(cls, (_errors.ErrorData, Event, SessionEventParams))
     props: Schema = {}
+    if isinstance(tag := cls.__struct_config__.tag_field, str):  # an event's ``kind``
+        props[tag] = schema["properties"][tag]
     for f in info.fields:
         prop = schema["properties"][f.encode_name]
         if (name, f.encode_name) in FIELD_TYPES:
@@ -227,7 +233,9 @@ def _struct_schema(cls: StructType, schema: Schema) -> Schema:
             prop = {**prop, "items": ref("Message")} if "items" in prop else ref("Message")
         elif host_made and f.encode_name in RESULT_IDS and prop == {"type": "string"}:
             prop = ref("Id")
-        prop = _retype(prop)
+        # OpenAPI's discriminator is no JSON Schema keyword (ajv's strict mode refuses it):
+        # each event's ``kind`` constant tells them apart anyway
+        prop = _retype({k: v for k, v in prop.items() if k != "discriminator"})
         if is_result and prop.get("type") == "integer":
             prop = {**prop, "minimum": 0}  # lines, counts and revisions: never negative
         note = FIELD_NOTES.get((cls, f.encode_name))
@@ -357,6 +365,19 @@ def _envelope_defs(defs: dict[str, Schema]) -> dict[str, Schema]:
         "required": ["jsonrpc", "method", "params"],
         "additionalProperties": False,
     }
+    out["SessionEventNotification"] = {
+        "title": "SessionEventNotification",
+        "description": "What the host sends a watching connection unasked, once per change"
+        " (see `session.watch`; docs/protocol.md, Watching).",
+        "type": "object",
+        "properties": {
+            "jsonrpc": version,
+            "method": {"const": "session.event"},
+            "params": ref(SessionEventParams.__name__),
+        },
+        "required": ["jsonrpc", "method", "params"],
+        "additionalProperties": False,
+    }
     out["Batch"] = {
         "title": "Batch",
         "description": "Several calls in one line; answered by one line, in order.",
@@ -479,6 +500,7 @@ def build() -> Schema:
         "methods": ref("Methods"),
         "request": ref("Request"),
         "notification": ref("CancelNotification"),
+        "event": ref("SessionEventNotification"),
         "batch": ref("Batch"),
         "response": ref("Response"),
         "batchResponse": ref("BatchResponse"),

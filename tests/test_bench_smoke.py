@@ -49,3 +49,22 @@ def test_quick_bench_prints_every_figure_with_a_ratio(tmp_path: Path) -> None:
     rewrite = [p for p in report["peers"] if p["key"].startswith("peer_rewrite_")]
     assert len(rewrite) == 3 and all(isinstance(p["ratio"], float) for p in rewrite)
     assert list(tmp_path.iterdir()) == []  # the run's folder is removed
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_quick_watch_bench_reports_every_figure(tmp_path: Path) -> None:
+    """``scripts/bench_watch.py --quick --json``: each figure, every event delivered."""
+    proc = subprocess.run(
+        [sys.executable, "scripts/bench_watch.py", "--quick", "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=290,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    figures = {f["figure"]: f for f in json.loads(proc.stdout)["figures"]}
+    assert set(figures) == {"event_latency", "append_watched", "stalled_watcher"}
+    assert figures["event_latency"]["events"] == figures["event_latency"]["expected"]
+    assert math.isfinite(figures["append_watched"]["ratio"])

@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 from msgspec import Raw
 
-from host._wire import METHODS
+from host._wire import METHODS, SessionEventParams
 from tests.conftest import (
     MAX_LINE,
     Client,
@@ -158,6 +158,10 @@ class Fuzzer:
         self.collect(after)
 
     def _account(self, reply: Any, after: bytes) -> None:
+        if isinstance(reply, dict) and reply.get("method") == "session.event":
+            EVENT.decode(dumps(reply["params"]))  # a watch's event (issue 34): as typed
+            self.outcomes["event"] += 1
+            return
         self.replies += 1
         check_reply(reply, after)
         for item in reply if isinstance(reply, list) else [reply]:
@@ -287,6 +291,14 @@ def id_from(*pool: str) -> st.SearchStrategy[Any]:
 session_id = id_from("s1", "s2", "s3", "nope")
 turn_id = id_from("t1", "t2", "t3")
 message_id = id_from("m0", "m1", "m2", "m3", "u1", "a1", "r1", "new1", "new2", "x.y", "a:b-c_d")
+cursor = st.builds(  # a watch cursor: mostly of an epoch gone, sometimes malformed
+    "{}.{}.{}.{}".format,
+    st.sampled_from(["0123456789abcdef", "fedcba9876543210"]),
+    st.integers(0, 12),
+    st.integers(0, 400),
+    st.integers(0, 2**32),
+)
+EVENT = msgspec.json.Decoder(SessionEventParams)
 small_int = st.integers(-3, 12) | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=3)
 
 content = (
@@ -339,6 +351,9 @@ FIELD_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "rootId": message_id,
     "fromMessageId": message_id,
     "id": st.integers(-3, 10**6) | st.text(max_size=8) | st.none() | json_values,
+    "after": cursor | st.text(max_size=40) | json_values,
+    "watchId": st.sampled_from(["w1", "w2", "w9999"]) | st.text(max_size=70) | json_values,
+    "data": json_values,
 }
 SESSIONS = ("s1", "s2", "s3")
 TURNS = ("t1", "t2", "t3")
@@ -374,6 +389,9 @@ VALID_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "rootId": st.sampled_from(MESSAGES),
     "fromMessageId": st.sampled_from(MESSAGES),
     "id": st.integers(10_000_000_000, 10_000_000_400),  # ids the fuzzer itself sends
+    "after": cursor,
+    "watchId": st.sampled_from(["w1", "w2", "w3"]),
+    "data": json_values,
 }
 """Values a method accepts (ids from the pools above), to reach deep into the handlers."""
 FIELDS: dict[str, list[tuple[str, bool]]] = {

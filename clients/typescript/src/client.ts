@@ -5,7 +5,9 @@
  * Requests are NDJSON lines, answers are matched by id (they may come back in any order).
  * Every call has a deadline; when it passes the call fails with {@link DeadlineExceeded} and
  * the client sends `$/cancelRequest`. When the host goes away every call still waiting fails
- * with {@link HostGone}. Writes respect the stream's backpressure (a line is handed over
+ * with {@link HostGone}. `watch` follows a session's changes (`session.event`
+ * notifications) as an async iterator that re-reads after a reset and resumes by itself
+ * after a reconnect (`watch.ts`). Writes respect the stream's backpressure (a line is handed over
  * only while the stream takes more, the rest waits for `'drain'`), and answers are read
  * the whole time, so a large request never stalls the answers to earlier ones.
  *
@@ -28,7 +30,9 @@ import {
   type Methods,
   type Request,
   type Response,
+  type SessionEventNotification,
 } from "./protocol.js";
+import { Inbox, Watch, type WatchOptions } from "./watch.js";
 
 /** A method the host serves. */
 export type MethodName = keyof Methods;
@@ -124,6 +128,13 @@ export type TraceEvent =
   | { direction: "send"; message: Request | CancelNotification }
   | { direction: "receive"; message: Response; method: MethodName | undefined };
 
+/** A notification the client sends (no `id`, no answer): `session.publish` as a token goes. */
+export interface Notification {
+  jsonrpc: "2.0";
+  method: MethodName;
+  params: unknown;
+}
+
 export interface ClientOptions {
   /** Deadline of every call unless the call gives its own (default 130 s). */
   deadlineMs?: number;
@@ -132,8 +143,10 @@ export interface ClientOptions {
    * a line over its limit) or a line that is not JSON (given as its bytes).
    */
   onUnmatched?: (message: Response | Buffer) => void;
-  /** Every message sent and received (for logs and tests). */
+  /** Every message sent and received (for logs and tests), notifications aside. */
   trace?: (event: TraceEvent) => void;
+  /** Every `session.event` notification received (for logs and tests). */
+  onEvent?: (event: SessionEventNotification) => void;
 }
 
 export interface SpawnOptions extends ClientOptions {
@@ -202,6 +215,10 @@ export class HostClient {
   #corked = false;
   #stderrTail = "";
   #closing = false;
+  #socketPath: string | undefined;
+  #clientOptions: ClientOptions;
+  /** Each watch's events as they arrive, by `watchId` (see `watch.ts`). */
+  readonly inboxes = new Map<string, Inbox>();
 
   private constructor(
     input: Writable,
@@ -214,6 +231,7 @@ export class HostClient {
     this.#deadlineMs = options.deadlineMs ?? DEFAULT_DEADLINE_MS;
     this.#onUnmatched = options.onUnmatched;
     this.#trace = options.trace;
+    this.#clientOptions = options;
     this.#gone = new Promise((resolve) => (this.#markGone = resolve));
     const splitter = new LineSplitter((line) => this.#receive(line));
     output.on("data", (chunk: Buffer) => splitter.push(chunk));
@@ -255,10 +273,38 @@ export class HostClient {
       socket.once("connect", () => {
         socket.off("error", failed);
         const client = new HostClient(socket, socket, undefined, options);
+        client.#socketPath = socketPath;
         socket.on("close", () => client.#end(null, null));
         resolve(client);
       });
     });
+  }
+
+  /** The socket this client connected to (`connect`), else `undefined`. */
+  get socketPath(): string | undefined {
+    return this.#socketPath;
+  }
+
+  /** The options this client was made with (a reconnect makes the next one alike). */
+  get options(): ClientOptions {
+    return this.#clientOptions;
+  }
+
+  /**
+   * Follow `sessionId`: an async iterator of its events (see `Watch`). Without `after` it
+   * starts with a `snapshot` of the session's lines; with it, after that cursor. When the
+   * connection is lost it resumes on `reconnect()`'s client (by default, for a socket
+   * client, a new connection to the same socket).
+   */
+  watch(sessionId: string, options: WatchOptions = {}): Watch {
+    return new Watch(this, sessionId, options);
+  }
+
+  /** Send a notification: no answer, nothing to wait for (`session.publish`). */
+  notify<M extends MethodName>(method: M, params: Params<M>): void {
+    const message: Notification = { jsonrpc: "2.0", method, params };
+    const line = Buffer.from(JSON.stringify(message) + "\n", "utf8");
+    this.#send({ line, message: undefined, call: undefined });
   }
 
   /** The host's pid, when this client spawned it. */
@@ -416,7 +462,15 @@ export class HostClient {
       this.#onUnmatched?.(line);
       return;
     }
-    for (const item of Array.isArray(value) ? value : [value]) this.#answer(item as Response);
+    for (const item of Array.isArray(value) ? value : [value]) {
+      if (isEvent(item)) this.#event(item, line.length);
+      else this.#answer(item as Response);
+    }
+  }
+
+  #event(note: SessionEventNotification, size: number): void {
+    this.#clientOptions.onEvent?.(note);
+    this.inboxes.get(note.params.watchId)?.put(note.params, size);
   }
 
   #answer(response: Response): void {
@@ -430,8 +484,18 @@ export class HostClient {
       return;
     }
     this.#settle(call);
-    if ("error" in response) call.reject(new RpcError(call.method, response.error));
-    else call.resolve(response.result);
+    if ("error" in response) {
+      call.reject(new RpcError(call.method, response.error));
+      return;
+    }
+    if (call.method === "session.watch") {
+      // its events follow the answer at once: their inbox must exist before they come
+      const started = response.result as unknown as Result<"session.watch">;
+      if (!this.inboxes.has(started.watchId)) {
+        this.inboxes.set(started.watchId, new Inbox(started.cursor));
+      }
+    }
+    call.resolve(response.result);
   }
 
   #settle(call: Pending): void {
@@ -492,6 +556,16 @@ export class HostClient {
       call.reject(gone);
     }
     this.#abandoned.clear();
+    for (const inbox of this.inboxes.values()) inbox.fail(gone);
     this.#markGone(gone);
   }
+}
+
+function isEvent(item: unknown): item is SessionEventNotification {
+  return (
+    typeof item === "object" &&
+    item !== null &&
+    (item as { method?: unknown }).method === "session.event" &&
+    typeof (item as { params?: { watchId?: unknown } }).params?.watchId === "string"
+  );
 }

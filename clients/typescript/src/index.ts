@@ -11,11 +11,20 @@ export {
   type ErrorName,
   type ErrorOf,
   type MethodName,
+  type Notification,
   type Params,
   type Result,
   type SpawnOptions,
   type TraceEvent,
 } from "./client.js";
 export { connectSequence, type ConnectOptions, type Connected } from "./connect.js";
+export {
+  INBOX_BYTES,
+  Watch,
+  readLines,
+  reconnectTo,
+  type WatchEvent,
+  type WatchOptions,
+} from "./watch.js";
 export { LineSplitter } from "./framing.js";
 export * from "./protocol.js";
