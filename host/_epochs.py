@@ -1,4 +1,4 @@
-"""Each transcript's *epoch*: the durable half of a watch cursor (issue 34).
+"""Each transcript's *epoch*: the durable half of a watch cursor.
 
 A cursor names a position in what is on disk: so many lines of a transcript, so many bytes
 of its turn log. Lines are only ever appended to a transcript until something rewrites it
@@ -20,9 +20,13 @@ from __future__ import annotations
 
 import os
 import re
+from typing import TYPE_CHECKING
 
 from host._fs import FileSystem, NotRegularFile, on_thread, read_regular
 from host._layout import Layout, legal_id
+
+if TYPE_CHECKING:
+    from host._session import Session
 
 SUFFIX = ".epoch"
 _TOKEN = re.compile(rb"[0-9a-f]{16}\n?\Z")
@@ -31,13 +35,19 @@ _TOKEN = re.compile(rb"[0-9a-f]{16}\n?\Z")
 class Epochs:
     """The epoch files of one data dir."""
 
-    def __init__(self, layout: Layout, fs: FileSystem) -> None:
+    def __init__(self, layout: Layout, fs: FileSystem, sessions: dict[str, Session]) -> None:
         self.layout = layout
         self.fs = fs
         self.folder = os.path.join(layout.root, "watch")
-        self.known: dict[str, str] = {}
-        """Epochs read or made by this process. A rewrite drops its session's entry (on
-        whichever thread makes it: one dict operation), so an entry is always the file's."""
+        self.sessions = sessions
+        """The registry's: each :class:`Session` keeps the epoch this process read or made
+        (``Session.epoch``). A rewrite drops it (on whichever thread makes it: one store),
+        so a kept one is always the file's."""
+
+    def known(self, session_id: str) -> str | None:
+        """The session's epoch as this process knows it, or ``None``."""
+        s = self.sessions.get(session_id)
+        return s.epoch if s is not None else None
 
     def _path(self, session_id: str) -> str:
         if not legal_id(session_id):
@@ -48,7 +58,7 @@ class Epochs:
 
     def current(self, session_id: str) -> str:
         """The session's epoch, made (durably) if it has none yet."""
-        if (epoch := self.known.get(session_id)) is not None:
+        if (epoch := self.known(session_id)) is not None:
             return epoch
         path = self._path(session_id)
         try:
@@ -64,7 +74,8 @@ class Epochs:
             epoch = os.urandom(8).hex()
             self.fs.mkdir(self.folder)
             self.fs.write_atomic(path, epoch.encode() + b"\n")
-        self.known[session_id] = epoch
+        if (s := self.sessions.get(session_id)) is not None:
+            s.epoch = epoch
         return epoch
 
     def forget(self, session_id: str) -> None:
@@ -72,12 +83,13 @@ class Epochs:
 
         Costs one ``lstat`` when the session has none (nobody ever watched it).
         """
-        self.known.pop(session_id, None)
+        if (s := self.sessions.get(session_id)) is not None:
+            s.epoch = None
         path = self._path(session_id)
         if self.fs.unlink(path):
             self.fs.fsync_dir(self.folder)
 
     async def before_change(self, session_id: str) -> None:
         """A rewrite or a delete of the session is about to be made (its commit follows)."""
-        if session_id in self.known or os.path.lexists(self._path(session_id)):
+        if self.known(session_id) is not None or os.path.lexists(self._path(session_id)):
             await on_thread(self.forget, session_id)

@@ -83,7 +83,7 @@ class Host:
             "host.stats": Method(self.host_stats, none),
             "host.shutdown": Method(self.host_shutdown, none),
         }
-        w = registry.watch  # issue 34
+        w = registry.watch
         self.handlers["session.watch"] = Method(w.watch)
         self.handlers["session.unwatch"] = Method(w.unwatch, none)
         self.handlers["session.publish"] = Method(w.publish)
@@ -97,7 +97,7 @@ class Host:
     def submit(self, method: str, params: Any, origin: Any = None) -> Ticket:
         """Put a decoded call in the queues its method names (``host._locks.Scope``), now."""
         m = self.handlers[method]
-        if method in ASKERS:  # issue 34: a watch is its connection's
+        if method in ASKERS:  # a watch is its connection's
             asker: Any = m.handler
             m = dataclasses.replace(m, handler=functools.partial(asker, origin=origin))
         if isinstance(params, CreateParams) and not isinstance(params.session_id, str):
@@ -142,7 +142,7 @@ class Host:
                 index = await stack.enter_async_context(Index.open(layout.index, fs, busy_timeout))
                 registry = Registry(layout, index, fs, open_transcripts=limits.open_transcripts)
                 stack.callback(registry.close)
-                stack.push_async_callback(registry.watch.aclose)  # issue 34
+                stack.push_async_callback(registry.watch.aclose)
                 try:
                     host = await cls._recover(registry, limits, full)
                 except sqlite3.DatabaseError as exc:

@@ -35,6 +35,7 @@ from host._turnlog import TurnRecord, TurnStatus
 
 if TYPE_CHECKING:
     from host._store import Registry
+    from host._watch import Watched
 
 log = logging.getLogger("host.session")
 T = TypeVar("T")
@@ -58,6 +59,10 @@ class Session:
     snapshot saved every few hundred milliseconds need not be read back to know."""
     unfinished: bool = False
     """A recorded change could not be made yet (the disk failed): made before it is served."""
+    epoch: str | None = None
+    """Its transcript's epoch as this process read or made it (:mod:`host._epochs`)."""
+    watched: Watched | None = None
+    """Its watchers and where its durable state stands for them, while it has any."""
 
     def __post_init__(self) -> None:
         self.cache = RowCache(self.id)

@@ -263,7 +263,7 @@ class Registry:
         await on_thread(self._bury, sid)
         del self.sessions[sid]
         self.index.caught_up(s.cache)  # gone: nothing of it is rebuilt
-        self.watch.deleted(sid)
+        self.watch.deleted(s)
         try:
             await self.index.delete_session(s.cache)
         except Exception as exc:  # deleted all the same: its rows go at the next start

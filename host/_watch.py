@@ -1,4 +1,4 @@
-"""Watches (issue 34): clients follow a session as it changes, and resume from a cursor.
+"""Watches: clients follow a session as it changes, and resume from a cursor.
 
 A watcher gets ``session.event`` notifications for one session, in the order its changes
 were applied, each with the cursor just after it. A *cursor* is a position in what is on
@@ -14,8 +14,9 @@ on from (docs/protocol.md, "Watching").
 Three parts:
 
 - :class:`WatchHub`, the registry's (``Registry.watch``, its :class:`~host._epochs.Epochs`):
-  the watched sessions' state, the hooks a :class:`~host._session.Session` calls where a
-  change is applied, the three methods, and the replays.
+  the hooks a :class:`~host._session.Session` calls where a change is applied, the three
+  methods, and the replays. What it knows of a watched session is the session's own
+  (:class:`Watched`, ``Session.watched``).
 - :class:`Outlet`, one per connection that watches: each of its watchers' queue of
   events, handed to the connection (behind its answers) only while its client takes them.
   Bounded: a watcher past its bound is dropped (``reset``, ``overflow``), so a client that
@@ -316,9 +317,8 @@ class WatchHub(Epochs):
     """Every watch of one host: the methods, the sessions' hooks, the catch-ups."""
 
     def __init__(self, registry: Registry) -> None:
-        super().__init__(registry.layout, registry.fs)
+        super().__init__(registry.layout, registry.fs, registry.sessions)
         self.registry = registry
-        self.sessions: dict[str, Watched] = {}
         self.queued = 0  # event bytes queued in every outlet
         self.notes: list[tuple[list[Watcher], Cursor, Event]] = []  # changes to fan out
         self.outlets: deque[Outlet] = deque()  # with lines to hand on, in turn
@@ -330,8 +330,9 @@ class WatchHub(Epochs):
 
     def _note(self, session_id: str) -> Watched | None:
         """The watched session, if its epoch still stands (else it waits for its reset)."""
-        st = self.sessions.get(session_id)
-        if st is None or self.known.get(session_id) != st.epoch:
+        s = self.sessions.get(session_id)
+        st = s.watched if s is not None else None
+        if st is None or s is None or s.epoch != st.epoch:
             return None
         return st
 
@@ -357,9 +358,9 @@ class WatchHub(Epochs):
         st.tag = tag_of(message)
         self._emit(st, CheckpointEvent(turn_id=turn_id, message=message))
 
-    def deleted(self, session_id: str) -> None:
+    def deleted(self, s: Session) -> None:
         """The session was deleted (its epoch was forgotten before)."""
-        st = self.sessions.pop(session_id, None)
+        st, s.watched = s.watched, None
         if st is not None:
             self.fan_out()  # what was noted before goes first
             for w in st.watchers:
@@ -372,8 +373,9 @@ class WatchHub(Epochs):
 
     def released(self, session_id: str) -> None:
         """A call let go of the session: if its epoch ended meanwhile, reset its watchers."""
-        st = self.sessions.get(session_id)
-        if st is None or st.settling or self.known.get(session_id) == st.epoch:
+        s = self.sessions.get(session_id)
+        st = s.watched if s is not None else None
+        if s is None or st is None or st.settling or s.epoch == st.epoch:
             return
         st.settling = True
         self._spawn(self._settle(session_id))
@@ -425,12 +427,12 @@ class WatchHub(Epochs):
             )
         s = await self.registry.open(sid)
         epoch = await self._epoch(sid)
-        st = self.sessions.get(sid)
+        st = s.watched
         if st is not None and st.epoch != epoch:
             self._reset_all(st, s, epoch)  # its rewrite's reset had not gone out yet
             st = None
         if st is None:
-            st = self.sessions[sid] = Watched(epoch, s.line_count, *self._turns_tag(s))
+            st = s.watched = Watched(epoch, s.line_count, *self._turns_tag(s))
         if len(st.watchers) >= WATCHERS_PER_SESSION:
             raise LimitExceeded(
                 f"a session may have {WATCHERS_PER_SESSION} watchers at once",
@@ -443,14 +445,14 @@ class WatchHub(Epochs):
         w = Watcher(f"w{self._ids}", sid, outlet, start)
         if outlet.closed:  # its input ended: the watch ends with it, at once
             if not st.watchers:
-                del self.sessions[sid]
+                s.watched = None
             return WatchResult(watch_id=w.id, cursor=start.text(), total_lines=start.lines)
         outlet.watchers[w.id] = w
         if start.epoch != epoch or start.lines > now.lines or start.turns > now.turns:
             start = Cursor(epoch, now.lines, 0, 0)
             outlet.end(w, ResetEvent(reason="expired", total_lines=now.lines), start)
             if not st.watchers:
-                del self.sessions[sid]
+                s.watched = None
             self.registry.count("watch.expired")
             return WatchResult(watch_id=w.id, cursor=start.text(), total_lines=now.lines)
         st.watchers = [*st.watchers, w]
@@ -494,7 +496,7 @@ class WatchHub(Epochs):
 
     async def _epoch(self, sid: str) -> str:
         """The session's epoch, made (durably, on a thread) if it has none yet."""
-        known = self.known.get(sid)
+        known = self.known(sid)
         return known if known is not None else await on_thread(self.current, sid)
 
     def _turns_tag(self, s: Session) -> tuple[int, int]:
@@ -516,17 +518,18 @@ class WatchHub(Epochs):
 
     def detach(self, w: Watcher) -> None:
         """Stop telling ``w`` of changes; forget its session once nobody watches it."""
-        st = self.sessions.get(w.session_id)
-        if st is not None and w in st.watchers:
+        s = self.sessions.get(w.session_id)
+        st = s.watched if s is not None else None
+        if s is not None and st is not None and w in st.watchers:
             st.watchers = [x for x in st.watchers if x is not w]
             st.live = [x for x in st.live if x is not w]
             if not st.watchers and not st.settling:
-                del self.sessions[w.session_id]
+                s.watched = None
 
     def shed(self) -> None:
         """Past :data:`WATCH_BYTES` queued in all: end the watcher with the most queued."""
         worst = max(
-            (w for st in self.sessions.values() for w in st.watchers),
+            (w for s in self.sessions.values() if s.watched for w in s.watched.watchers),
             key=lambda w: w.queued,
             default=None,
         )
@@ -541,7 +544,7 @@ class WatchHub(Epochs):
         for w in st.watchers:
             at = Cursor(epoch, s.line_count, w.pos.turns, 0)
             w.outlet.end(w, ResetEvent(reason="rewritten", total_lines=s.line_count), at)
-        self.sessions.pop(s.id, None)
+        s.watched = None
         self.registry.count("watch.resets")
 
     def _spawn(self, coro: Any) -> asyncio.Task[None]:
@@ -563,18 +566,22 @@ class WatchHub(Epochs):
         """Reset the watchers of a session whose transcript was rewritten (or deleted)."""
         try:
             async with self.registry.hold(sid):
-                st = self.sessions.get(sid)
-                if st is None or self.known.get(sid) == st.epoch:
+                held = self.sessions.get(sid)
+                st = held.watched if held is not None else None
+                if held is None or st is None or held.epoch == st.epoch:
                     return
                 try:
                     s = await self.registry.open(sid)
-                except NotFound:
-                    self.deleted(sid)
+                except NotFound:  # its transcript is gone
+                    self.deleted(held)
                     return
                 self._reset_all(st, s, await self._epoch(sid))
         except Exception:
             log.exception("session %s: its watchers could not be reset", sid)
-            st = self.sessions.pop(sid, None)
+            held = self.sessions.get(sid)
+            st = held.watched if held is not None else None
+            if held is not None:
+                held.watched = None
             for w in st.watchers if st is not None else []:
                 w.outlet.remove(w)
 
@@ -599,8 +606,7 @@ class WatchHub(Epochs):
         """Queue one chunk of what ``w`` lacks (under its session); ``True`` once live."""
         sid = w.session_id
         s = await self.registry.open(sid)
-        st = self.sessions.get(sid)
-        epoch = self.known.get(sid)
+        st, epoch = s.watched, s.epoch
         if st is None or epoch != st.epoch or epoch != w.pos.epoch:
             if st is not None and w in st.watchers:
                 self._reset_all(st, s, await self._epoch(sid))
