@@ -368,8 +368,9 @@ An answer to a write means it is on disk. The order of every write (`host/_store
   append's write does; else on a thread.
 - **Delete**: the transcript is renamed to `<id>.jsonl.deleted` and the folder fsynced (that
   is the commit point; a failed fsync renames it back, before the commit is durable), then
-  the index rows go (a failed index delete is finished at the next start), then the session's other files are removed without an fsync: what a power cut brings
-  back of them is removed at the next start.
+  the index rows go (a failed index delete is finished at the next start), then the
+  session's other files are removed without an fsync: what a power cut brings back of them
+  is removed at the next start.
 
 At start, before the first request is read (`host/_service.py`, `host/_recovery.py`):
 
