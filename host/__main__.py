@@ -62,6 +62,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="first run the recovery a start runs, every transcript rescanned",
     )
+    find = sub.add_parser("search", help="search every session's messages (issue 35)")
+    find.add_argument("data_dir", metavar="DIR")
+    find.add_argument("query", metavar="QUERY")
+    find.add_argument("--limit", type=int, default=20, choices=range(1, 101), metavar="1-100")
+    find.add_argument("--session", help="only this session's messages")
+    add_log_options(find)
     for p in (serve, verify):
         add_busy_timeout(p, BUSY_TIMEOUT)
         add_log_options(p)
@@ -74,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
         return run_loop(
             run(args.data_dir, args.socket, args.busy_timeout, args.handshake_timeout), args.loop
         )
+    if args.command == "search":
+        from host._search import search_command
+
+        return search_command(args.data_dir, args.query, limit=args.limit, session_id=args.session)
     from host._verify import verify as check
 
     return asyncio.run(check(args.data_dir, repair=args.repair, busy_timeout=args.busy_timeout))

@@ -1,0 +1,66 @@
+"""The index's tables for finding and organising sessions (issue 35): one migration.
+
+Kept apart from :mod:`host._search` so that :mod:`host._index` lists it without importing
+the code that uses the index.
+
+- ``sessions.meta`` (the app's object, as ``meta.json`` holds it), ``pinned`` (1 when
+  ``meta.pinned`` is ``true``), ``meta_dirty`` (the title and ``meta`` may not be
+  ``meta.json``'s: set, synced, before an update writes the file, and by every new row;
+  the start reads the file again). The list's keyset indexes.
+- ``search_text`` and ``search_tools``: FTS5, contentless (the transcripts hold the text:
+  no second copy), ``detail=none`` (rowids only), words by ``unicode61``; a CJK run is
+  indexed as its characters and its pairs of characters (``host._search.fts_text``).
+  One row per *document*: the text of a message, or of its tool results.
+- ``search_docs``: what each document is; a doc id is never reused (AUTOINCREMENT): a
+  changed or deleted message's document row goes, its words stay in the contentless table
+  as dead entries that no search shows, until the search index is rebuilt.
+- ``search_queue``: messages whose documents must be (re)made, filled by triggers on
+  ``messages`` in the rows' own transaction, so a power cut takes rows and queue back
+  together; an index from before this migration queues every message (a background build).
+"""
+
+from __future__ import annotations
+
+FTS = "content='', tokenize='unicode61 remove_diacritics 2'"
+
+MIGRATION = (
+    "0003-search-meta",
+    f"""
+    ALTER TABLE sessions ADD COLUMN meta TEXT;
+    ALTER TABLE sessions ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE sessions ADD COLUMN meta_dirty INTEGER NOT NULL DEFAULT 0;
+    CREATE INDEX sessions_by_updated ON sessions (pinned, updated_at, session_id);
+    CREATE INDEX sessions_by_created ON sessions (pinned, created_at, session_id);
+    CREATE TRIGGER sessions_meta_unread AFTER INSERT ON sessions BEGIN
+        UPDATE sessions SET meta_dirty = 1 WHERE session_id = NEW.session_id;
+    END;
+    CREATE VIRTUAL TABLE search_text USING fts5(text, {FTS});
+    CREATE VIRTUAL TABLE search_tools USING fts5(text, {FTS});
+    CREATE TABLE search_docs (
+        doc INTEGER PRIMARY KEY AUTOINCREMENT,
+        session_id TEXT NOT NULL,
+        message_id TEXT NOT NULL,
+        tools INTEGER NOT NULL,
+        digest INTEGER NOT NULL
+    );
+    CREATE INDEX search_docs_by_message ON search_docs (session_id, message_id);
+    CREATE TABLE search_queue (
+        seq INTEGER PRIMARY KEY,
+        session_id TEXT NOT NULL,
+        message_id TEXT NOT NULL
+    );
+    CREATE TRIGGER search_row_added AFTER INSERT ON messages BEGIN
+        INSERT INTO search_queue (session_id, message_id) VALUES (NEW.session_id, NEW.message_id);
+    END;
+    CREATE TRIGGER search_row_removed AFTER DELETE ON messages BEGIN
+        INSERT INTO search_queue (session_id, message_id) VALUES (OLD.session_id, OLD.message_id);
+    END;
+    CREATE TRIGGER search_row_changed AFTER UPDATE OF message_id, length ON messages BEGIN
+        INSERT INTO search_queue (session_id, message_id) VALUES (OLD.session_id, OLD.message_id);
+        INSERT INTO search_queue (session_id, message_id) VALUES (NEW.session_id, NEW.message_id);
+    END;
+    INSERT INTO search_queue (session_id, message_id)
+        SELECT session_id, message_id FROM messages ORDER BY session_id, line;
+    """,
+)
+"""Appended to ``host._index.MIGRATIONS``."""
