@@ -484,14 +484,13 @@ class Search:
         made = left = 0
         conn.execute("BEGIN IMMEDIATE")
         try:
-            newer = set(
-                conn.execute(
-                    "SELECT session_id, message_id FROM search_queue WHERE seq > ?", (last,)
-                ).fetchall()
-            )
             done: list[tuple[int]] = []
             for (sid, mid), (seqs, _, _, docs) in items.items():
-                if (sid, mid) in newer:  # changed again: its newest entry makes its documents
+                if conn.execute(  # changed again: its newest entry makes its documents
+                    "SELECT 1 FROM search_queue WHERE session_id = ? AND message_id = ?"
+                    " AND seq > ?",
+                    (sid, mid, last),
+                ).fetchone():
                     done += [(s,) for s in seqs]
                 elif docs is None:
                     left += 1

@@ -8,8 +8,11 @@ the code that uses the index.
   ``meta.json``'s: set, synced, before an update writes the file, and by every new row;
   the start reads the file again). The list's keyset indexes.
 - ``search_text`` and ``search_tools``: FTS5, contentless (the transcripts hold the text:
-  no second copy), ``detail=none`` (rowids only), words by ``unicode61``; a CJK run is
-  indexed as its characters and its pairs of characters (``host._search.fts_text``).
+  no second copy), words by ``unicode61``, a prefix index of 3 characters (``the*`` is one
+  lookup, not a merge of every word it starts); a CJK run is indexed as its characters and
+  its pairs of characters (``host._search.fts_text``). ``detail=full``: bm25 needs each
+  term's count in a document, which ``detail=none`` and ``column`` do not keep (it scores
+  0 under both).
   One row per *document*: the text of a message, or of its tool results.
 - ``search_docs``: what each document is; a doc id is never reused (AUTOINCREMENT): a
   changed or deleted message's document row goes, its words stay in the contentless table
@@ -21,7 +24,7 @@ the code that uses the index.
 
 from __future__ import annotations
 
-FTS = "content='', tokenize='unicode61 remove_diacritics 2'"
+FTS = "content='', prefix='3', tokenize='unicode61 remove_diacritics 2'"
 
 MIGRATION = (
     "0003-search-meta",
@@ -29,8 +32,10 @@ MIGRATION = (
     ALTER TABLE sessions ADD COLUMN meta TEXT;
     ALTER TABLE sessions ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE sessions ADD COLUMN meta_dirty INTEGER NOT NULL DEFAULT 0;
-    CREATE INDEX sessions_by_updated ON sessions (pinned, updated_at, session_id);
-    CREATE INDEX sessions_by_created ON sessions (pinned, created_at, session_id);
+    CREATE INDEX sessions_by_updated ON sessions (updated_at, session_id);
+    CREATE INDEX sessions_by_created ON sessions (created_at, session_id);
+    CREATE INDEX sessions_pinned_updated ON sessions (updated_at, session_id) WHERE pinned = 1;
+    CREATE INDEX sessions_pinned_created ON sessions (created_at, session_id) WHERE pinned = 1;
     CREATE TRIGGER sessions_meta_unread AFTER INSERT ON sessions BEGIN
         UPDATE sessions SET meta_dirty = 1 WHERE session_id = NEW.session_id;
     END;
@@ -49,6 +54,7 @@ MIGRATION = (
         session_id TEXT NOT NULL,
         message_id TEXT NOT NULL
     );
+    CREATE INDEX search_queue_by_message ON search_queue (session_id, message_id);
     CREATE TRIGGER search_row_added AFTER INSERT ON messages BEGIN
         INSERT INTO search_queue (session_id, message_id) VALUES (NEW.session_id, NEW.message_id);
     END;
