@@ -26,11 +26,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from host._service import Host
 from host._search import texts
+from host._service import Host
 from host._wire import ListParams, SearchParams
 
-WORDS = (
+WORDS = (  # noqa: SIM905 (a paragraph reads better than 110 quoted words)
     "the of and to in is you that it he was for on are as with his they at be this have"
     " from or one had by word but not what all were we when your can said there use an"
     " each which she do how their if will up other about out many then them these so some"
