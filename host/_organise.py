@@ -72,14 +72,20 @@ def _read_meta(path: str) -> tuple[bytes | None, MetaFile]:
         return data, MetaFile()
 
 
-async def _set_meta(registry: Registry, sid: str, title: str | None, meta: Any) -> None:
-    """Record title and ``meta`` in the index, as ``meta.json`` now holds them."""
+def _meta_row(sid: str, title: str | None, meta: Any) -> tuple[Any, ...]:
     pinned = int(meta is not None and bytes(meta.get("pinned", b"")) == b"true")
     text = None if meta is None else _ENC.encode(meta).decode("utf-8", "surrogatepass")
-    await registry.index.execute(
-        "UPDATE sessions SET title = ?, meta = ?, pinned = ?, meta_dirty = 0 WHERE session_id = ?",
-        (title, text, pinned, sid),
-    )
+    return title, text, pinned, sid
+
+
+_SET_META = (
+    "UPDATE sessions SET title = ?, meta = ?, pinned = ?, meta_dirty = 0 WHERE session_id = ?"
+)
+
+
+async def _set_meta(registry: Registry, sid: str, title: str | None, meta: Any) -> None:
+    """Record title and ``meta`` in the index, as ``meta.json`` now holds them."""
+    await registry.index.execute(_SET_META, _meta_row(sid, title, meta))
 
 
 class Organise:
@@ -93,9 +99,18 @@ class Organise:
         """At start: read ``meta.json`` again for every session marked (an update cut
         short, a row the index made from the files); return how many."""
         rows = await self.search.read("SELECT session_id FROM sessions WHERE meta_dirty = 1")
-        for (sid,) in rows:
-            _, m = await on_thread(_read_meta, self.registry.layout.meta(sid))
-            await _set_meta(self.registry, sid, m.title, m.meta)
+        meta = self.registry.layout.meta
+
+        def read_all() -> list[tuple[Any, ...]]:
+            return [
+                _meta_row(sid, m.title, m.meta)
+                for (sid,) in rows
+                for m in [_read_meta(meta(sid))[1]]
+            ]
+
+        done = await on_thread(read_all)
+        async with self.registry.index.transaction() as db:
+            await db.executemany(_SET_META, done)
         return len(rows)
 
     # -- session.list ---------------------------------------------------------------

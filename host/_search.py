@@ -359,38 +359,36 @@ class Search:
     def __init__(self, index: Index, layout: Layout) -> None:
         self.index = index
         self.layout = layout
-        self._reader: Db | None = None
-        self._writer: Db | None = None
+        self._dbs: dict[str, Db] = {}  # "search", "pages" (readers), "writer" (the indexer)
+        self.runs = False
         self._busy = asyncio.Lock()  # one indexing pass at a time
         self._wake = asyncio.Event()
         self._tries: dict[int, int] = {}  # queue seq -> failed reads
         self.indexed = self.pending = 0
         self.building = False
 
-    def _connect(self, *, write: bool) -> Db:
-        conn = sqlite3.connect(self.layout.index, isolation_level=None, check_same_thread=False)
-        conn.execute(f"PRAGMA busy_timeout = {60_000 if write else 5_000}")
-        conn.execute("PRAGMA synchronous = NORMAL" if write else "PRAGMA query_only = 1")
-        return Db(conn)
-
-    @property
-    def reader(self) -> Db:
-        if self._reader is None:
-            self._reader = self._connect(write=False)
-        return self._reader
+    def _db(self, name: str) -> Db:
+        """A connection of its own (opened on first use): a list page never waits behind a
+        search, nor either behind the indexer."""
+        if name not in self._dbs:
+            conn = sqlite3.connect(self.layout.index, isolation_level=None, check_same_thread=False)
+            write = name == "writer"
+            conn.execute(f"PRAGMA busy_timeout = {60_000 if write else 5_000}")
+            conn.execute("PRAGMA synchronous = NORMAL" if write else "PRAGMA query_only = 1")
+            self._dbs[name] = Db(conn)
+        return self._dbs[name]
 
     async def read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         """Rows of a query on the index, after every queued row is committed."""
         await self.index.settle()
-        return await on_thread(self.reader.run, lambda c: c.execute(sql, params).fetchall())
+        return await on_thread(self._db("pages").run, lambda c: c.execute(sql, params).fetchall())
 
     # -- running ------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[Search]:
         """Index in the background (woken by every commit of the index) until it ends."""
-        self._writer = self._connect(write=True)
-        self.index.on_commit = self._wake.set
+        self.runs, self.index.on_commit = True, self._wake.set
         task = asyncio.get_running_loop().create_task(self._run())
         self._wake.set()
         try:
@@ -400,10 +398,10 @@ class Search:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-            for db in (self._reader, self._writer):
-                if db is not None:
-                    db.conn.close()
-            self._reader = self._writer = None
+            for db in self._dbs.values():
+                db.conn.close()
+            self._dbs.clear()
+            self.runs = False
 
     async def _run(self) -> None:
         while True:
@@ -420,24 +418,24 @@ class Search:
     async def work(self, *, log_progress: bool = False, limit: int | None = None) -> bool:
         """Work the queue off (``limit``: about that many entries at most); whether it is
         empty but for lines that could not be read yet."""
-        assert self._writer is not None
+        writer = self._db("writer")
         async with self._busy:
-            total = await on_thread(self._writer.run, _count)
+            total = await on_thread(writer.run, _count)
             if log_progress and total > BUILD and not self.building:
                 self.building, started = True, time.monotonic()
                 log.info("search index: %d message(s) to index", total)
             done, after, last_log, skipped = 0, -1, time.monotonic(), 0
             while limit is None or done < limit:
-                n, after, made, left = await on_thread(self._writer.run, self._step, after)
+                n, after, made, left = await on_thread(writer.run, self._step, after)
                 if n == 0:
                     break
                 done, skipped, self.indexed = done + n, skipped + left, self.indexed + made
                 if self.building and time.monotonic() - last_log >= 2.0:
                     last_log = time.monotonic()
                     log.info("search index: %d of %d queued message(s) indexed", done, total)
-            self.pending = await on_thread(self._writer.run, _count)
+            self.pending = await on_thread(writer.run, _count)
             if self.building and self.pending <= skipped:
-                await on_thread(self._writer.run, _optimize)
+                await on_thread(writer.run, _optimize)
                 log.info(
                     "search index: built (%d message(s) in %.1f s)",
                     done,
@@ -445,7 +443,7 @@ class Search:
                 )
                 self.building = False
             elif not self.building and done >= BUILD:
-                await on_thread(self._writer.run, _optimize)
+                await on_thread(writer.run, _optimize)
             return self.pending <= skipped
 
     def _step(self, conn: sqlite3.Connection, after: int) -> tuple[int, int, int, int]:
@@ -506,15 +504,14 @@ class Search:
 
     async def rebuild(self) -> None:
         """Make the search index again from the transcripts (``verify --repair``)."""
-        assert self._writer is not None
         async with self._busy:
-            await on_thread(self._writer.run, _clear)
+            await on_thread(self._db("writer").run, _clear)
         await self.work(log_progress=True)
 
     async def counters(self) -> dict[str, int]:
         """``host.stats``: messages waiting to be searchable, documents made, a build."""
-        if self._writer is not None:
-            self.pending = await on_thread(self._writer.run, _count)
+        if self.runs:
+            self.pending = await on_thread(self._db("pages").run, _count)
         return {
             "search.pending": self.pending,
             "search.building": int(self.building),
@@ -528,11 +525,11 @@ class Search:
         q = parse_query(p.query)
         pos = _position(p.cursor) if isinstance(p.cursor, str) else 0
         await self.index.settle()  # every answered append is queued
-        pending = await on_thread(self.reader.run, _count)
-        if 0 < pending <= CATCH_UP and self._writer is not None:
+        pending = await on_thread(self._db("search").run, _count)
+        if 0 < pending <= CATCH_UP and self.runs:
             await self.work(limit=CATCH_UP)
             pending = self.pending
-        return await on_thread(_answer, self.reader, self.layout, q, p, pos, pending)
+        return await on_thread(_answer, self._db("search"), self.layout, q, p, pos, pending)
 
 
 def _answer(
@@ -569,8 +566,15 @@ def _clear(conn: sqlite3.Connection) -> None:
 
 
 def _optimize(conn: sqlite3.Connection) -> None:
+    """Merge the full-text index's segments (blocking), as 'optimize' would, in steps of
+    its own transaction each: one 'optimize' of a million documents would hold the write
+    lock for longer than the host's index waits for it."""
     for table in ("search_text", "search_tools"):
-        conn.execute(f"INSERT INTO {table}({table}) VALUES ('optimize')")
+        for _ in range(100_000):
+            before = conn.total_changes
+            conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('merge', -500)")
+            if conn.total_changes - before < 2:  # FTS5's sign of a merge that did nothing
+                break
 
 
 def _replace_docs(

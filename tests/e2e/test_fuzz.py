@@ -339,6 +339,15 @@ FIELD_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "rootId": message_id,
     "fromMessageId": message_id,
     "id": st.integers(-3, 10**6) | st.text(max_size=8) | st.none() | json_values,
+    # issue 35: find and organise
+    "cursor": st.text(max_size=12) | json_values,
+    "order": st.sampled_from(["updated", "created", "", "Updated"]) | json_values,
+    "pinnedFirst": st.booleans() | json_values,
+    "meta": st.dictionaries(st.text(max_size=5), json_values, max_size=3) | json_values,
+    "atMessageId": message_id,
+    "newSessionId": session_id,
+    "query": st.text(max_size=20) | json_values,
+    "tools": st.booleans() | json_values,
 }
 SESSIONS = ("s1", "s2", "s3")
 TURNS = ("t1", "t2", "t3")
@@ -374,6 +383,14 @@ VALID_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "rootId": st.sampled_from(MESSAGES),
     "fromMessageId": st.sampled_from(MESSAGES),
     "id": st.integers(10_000_000_000, 10_000_000_400),  # ids the fuzzer itself sends
+    "cursor": st.text(max_size=12),
+    "order": st.sampled_from(["updated", "created"]),
+    "pinnedFirst": st.booleans(),
+    "meta": st.dictionaries(st.sampled_from(["pinned", "color", "x"]), json_values, max_size=3),
+    "atMessageId": st.sampled_from(MESSAGES),
+    "newSessionId": st.sampled_from(SESSIONS),
+    "query": st.text(max_size=20),
+    "tools": st.booleans(),
 }
 """Values a method accepts (ids from the pools above), to reach deep into the handlers."""
 FIELDS: dict[str, list[tuple[str, bool]]] = {

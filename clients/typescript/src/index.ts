@@ -19,3 +19,15 @@ export {
 export { connectSequence, type ConnectOptions, type Connected } from "./connect.js";
 export { LineSplitter } from "./framing.js";
 export * from "./protocol.js";
+export {
+  forkSession,
+  highlight,
+  listSessions,
+  search,
+  updateSession,
+  type ListParams,
+  type SearchHit,
+  type SearchParams,
+  type SearchResult,
+  type SessionSummary,
+} from "./organise.js";
