@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     find.add_argument("query", metavar="QUERY")
     find.add_argument("--limit", type=int, default=20, choices=range(1, 101), metavar="1-100")
     find.add_argument("--session", help="only this session's messages")
+    find.add_argument("--all", action="store_true", help="archived revisions too")
     add_log_options(find)
     for p in (serve, verify):
         add_busy_timeout(p, BUSY_TIMEOUT)
@@ -83,7 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "search":
         from host._search import search_command
 
-        return search_command(args.data_dir, args.query, limit=args.limit, session_id=args.session)
+        return search_command(
+            args.data_dir, args.query, limit=args.limit, session_id=args.session, scope=args.all
+        )
     from host._verify import verify as check
 
     return asyncio.run(check(args.data_dir, repair=args.repair, busy_timeout=args.busy_timeout))

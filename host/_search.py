@@ -40,8 +40,9 @@ from typing import Any, TextIO, TypeVar
 
 import msgspec
 
+from host._archive import Archive
 from host._errors import InvalidParams, LimitExceeded
-from host._fs import on_thread
+from host._fs import on_thread, read_regular
 from host._index import Index, connect_read_only
 from host._layout import Layout
 from host._surrogates import decode
@@ -276,11 +277,26 @@ class Db:
             return work(self.conn, *args)
 
 
+_ACTIVE = (
+    " m.line, m.offset, m.length, d.doc, NULL, NULL, NULL FROM c JOIN search_docs d ON"
+    " d.doc = c.doc JOIN messages m ON m.session_id = d.session_id AND m.message_id ="
+    " d.message_id WHERE NOT EXISTS (SELECT 1 FROM search_queue s WHERE s.session_id ="
+    " d.session_id AND s.message_id = d.message_id)"
+)
+_ARCHIVED = (
+    " d.line, NULL, NULL, d.doc, d.root_id, d.revision, d.file FROM c JOIN search_docs d"
+    " ON d.doc = c.doc WHERE d.tools <= ? AND EXISTS (SELECT 1 FROM sessions s"
+    " WHERE s.session_id = d.session_id)"
+)
+
+
 def _rank(conn: sqlite3.Connection, q: Query, p: SearchParams) -> list[tuple[Any, ...]]:
-    """Candidates best first: ``(bm25, tools, session, message, line, offset, length, role)``
-    (bm25: lower is better; ties: the most recently indexed first)."""
+    """Candidates best first: ``(bm25, tools, session, message, line, offset, length, doc,
+    root, revision, payload file)`` (bm25: lower is better; ties: the most recently
+    indexed first; root, revision and file: an archived line's)."""
+    tables = ["search_text", *(["search_tools"] if p.tools else [])]
     out: list[tuple[Any, ...]] = []
-    for table in ("search_text", "search_tools") if p.tools else ("search_text",):
+    for table in [*tables, *(["search_archive"] if p.scope == "all" else [])]:
         if isinstance(p.session_id, str):  # every match of the session
             pool = (
                 f"SELECT d.doc, bm25({table}) AS r FROM search_docs d CROSS JOIN {table}"
@@ -293,48 +309,66 @@ def _rank(conn: sqlite3.Connection, q: Query, p: SearchParams) -> list[tuple[Any
                 " ORDER BY rowid DESC LIMIT ?"
             )
             args = [q.fts, CANDIDATES]
+        tail, more = (_ARCHIVED, [int(p.tools)]) if table == "search_archive" else (_ACTIVE, [])
         out += conn.execute(
             f"WITH c AS MATERIALIZED ({pool}) SELECT c.r, d.tools, d.session_id, d.message_id,"
-            " m.line, m.offset, m.length, m.role, d.doc FROM c JOIN search_docs d ON d.doc = c.doc"
-            " JOIN messages m ON m.session_id = d.session_id AND m.message_id = d.message_id"
-            " WHERE NOT EXISTS (SELECT 1 FROM search_queue s WHERE s.session_id = d.session_id"
-            " AND s.message_id = d.message_id)",
-            args,
+            + tail,
+            [*args, *more],
         ).fetchall()
-    out.sort(key=lambda c: (c[0], -c[8]))
-    return [c[:8] for c in out]
+    out.sort(key=lambda c: (c[0], -c[7]))
+    return out
 
 
 def _hits(
     layout: Layout, q: Query, cands: Sequence[tuple[Any, ...]], pos: int, limit: int
 ) -> tuple[list[SearchHit], int]:
-    """The hits from candidate ``pos`` on, each read from its transcript; the next position."""
+    """The hits from candidate ``pos`` on, each read from its transcript or archived
+    payload; the next position."""
     hits: list[SearchHit] = []
     fds: dict[str, int] = {}
+    payloads: dict[str, list[bytes]] = {}
     try:
         while pos < len(cands) and len(hits) < limit:
-            r, tools, sid, mid, line, offset, length, role = cands[pos]
+            r, tools, sid, mid, line, offset, length, _, root, rev, file = cands[pos]
             pos += 1
-            got = _read_line(layout, fds, sid, offset, length)
+            if root is None:
+                got = _read_line(layout, fds, sid, offset, length)
+            else:
+                got = _read_archived(layout, payloads, sid, root, file, line)
             if got is None or got[0] != mid:
                 continue  # moved by a change since: its new version is queued
             text = got[3] if tools else got[2]
             if not q.holds(text):
                 continue
-            hits.append(
-                SearchHit(
-                    session_id=sid,
-                    message_id=mid,
-                    line=line,
-                    role=role,
-                    score=round(-r, 6) + 0.0,
-                    snippet=snippet(text, q),
-                )
+            hit = SearchHit(
+                session_id=sid,
+                message_id=mid,
+                line=line,
+                role=got[1],
+                score=round(-r, 6) + 0.0,
+                snippet=snippet(text, q),
             )
+            if root is not None:
+                hit.root_id, hit.revision = root, rev
+            hits.append(hit)
     finally:
         for fd in fds.values():
             os.close(fd)
     return hits, pos
+
+
+def _read_archived(
+    layout: Layout, payloads: dict[str, list[bytes]], sid: str, root: str, file: str, line: int
+) -> tuple[str, str, str, str] | None:
+    """The texts of line ``line`` of an archived payload (read once a call)."""
+    path = os.path.join(layout.revisions(sid), root, file)
+    if path not in payloads:
+        try:
+            payloads[path] = read_regular(path).split(b"\n")
+        except OSError:
+            payloads[path] = []
+    lines = payloads[path]
+    return texts(lines[line]) if line < len(lines) else None
 
 
 def _read_line(
@@ -356,9 +390,11 @@ def _read_line(
 class Search:
     """The search index of one data dir: kept up with the rows, and searched."""
 
-    def __init__(self, index: Index, layout: Layout) -> None:
+    def __init__(self, index: Index, layout: Layout, archive: Archive) -> None:
         self.index = index
         self.layout = layout
+        self.archive = archive
+        self._archived: set[str] = set()  # sessions whose archives may have changed
         self._dbs: dict[str, Db] = {}  # "search", "pages" (readers), "writer" (the indexer)
         self.runs = False
         self._busy = asyncio.Lock()  # one indexing pass at a time
@@ -389,12 +425,16 @@ class Search:
     async def running(self) -> AsyncIterator[Search]:
         """Index in the background (woken by every commit of the index) until it ends."""
         self.runs, self.index.on_commit = True, self._wake.set
-        task = asyncio.get_running_loop().create_task(self._run())
+        loop = asyncio.get_running_loop()
+        self._archived.update(os.listdir(self.layout.revisions_root))
+        self.archive.on_change = lambda sid: self._told(loop, sid)
+        task = loop.create_task(self._run())
         self._wake.set()
         try:
             yield self
         finally:
             self.index.on_commit = None
+            self.archive.on_change = lambda sid: None
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
@@ -402,6 +442,11 @@ class Search:
                 db.conn.close()
             self._dbs.clear()
             self.runs = False
+
+    def _told(self, loop: asyncio.AbstractEventLoop, session_id: str) -> None:
+        """A manifest of the session was committed (told on any thread)."""
+        self._archived.add(session_id)
+        loop.call_soon_threadsafe(self._wake.set)
 
     async def _run(self) -> None:
         while True:
@@ -433,6 +478,8 @@ class Search:
                 if self.building and time.monotonic() - last_log >= 2.0:
                     last_log = time.monotonic()
                     log.info("search index: %d of %d queued message(s) indexed", done, total)
+            while self._archived:  # a change's archives (its rows' sessions, told by Archive)
+                await on_thread(writer.run, self._sync_archive, self._archived.pop())
             self.pending = await on_thread(writer.run, _count)
             if self.building and self.pending <= skipped:
                 await on_thread(writer.run, _optimize)
@@ -460,6 +507,7 @@ class Search:
         last = rows[-1][0]
         items: dict[tuple[str, str], list[Any]] = {}  # -> [seqs, offset, length, docs]
         for seq, sid, mid, offset, length in rows:
+            self._archived.add(sid)  # a delete, a cut: its archives may have gone too
             item = items.setdefault((sid, mid), [[], None, None, None])
             item[0].append(seq)
             item[1], item[2] = offset, length
@@ -502,8 +550,57 @@ class Search:
             raise
         return len(rows), last, made, left
 
+    def _sync_archive(self, conn: sqlite3.Connection, sid: str) -> None:
+        """Make the documents of a session's archived revisions those its manifests name
+        (blocking): payloads are never changed, only named or not."""
+        have: dict[tuple[str, str], list[int]] = {}
+        for doc, root, file in conn.execute(
+            "SELECT doc, root_id, file FROM search_docs WHERE session_id = ?"
+            " AND root_id IS NOT NULL",
+            (sid,),
+        ):
+            have.setdefault((root, file), []).append(doc)
+        new: list[tuple[Any, ...]] = []
+        live: set[tuple[str, str]] = set()
+        with contextlib.suppress(Exception):  # unreadable: not searched (verify says why)
+            for root in self.archive.root_ids(sid):
+                with contextlib.suppress(Exception):
+                    for rev in self.archive.manifest(sid, root):
+                        live.add((root, rev.file))
+                        if (root, rev.file) in have:
+                            continue
+                        at = (root, rev.revision, rev.file)
+                        for line, data in enumerate(self.archive.read(sid, root, rev)):
+                            mid, _, *both = texts(data) or ("", "", "", "")
+                            new += [
+                                (sid, mid, k, digest(t), *at, line, fts_text(t))
+                                for k, t in enumerate(both)
+                                if t
+                            ]
+        gone = [(d,) for key in have.keys() - live for d in have[key]]
+        if not gone and not new:
+            return
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.executemany("DELETE FROM search_docs WHERE doc = ?", gone)
+            for row in new:
+                cur = conn.execute(
+                    "INSERT INTO search_docs (session_id, message_id, tools, digest, root_id,"
+                    " revision, file, line) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    row[:8],
+                )
+                conn.execute(
+                    "INSERT INTO search_archive (rowid, text) VALUES (?, ?)",
+                    (cur.lastrowid, row[8]),
+                )
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
     async def rebuild(self) -> None:
         """Make the search index again from the transcripts (``verify --repair``)."""
+        self._archived.update(os.listdir(self.layout.revisions_root))
         async with self._busy:
             await on_thread(self._db("writer").run, _clear)
         await self.work(log_progress=True)
@@ -526,7 +623,7 @@ class Search:
         pos = _position(p.cursor) if isinstance(p.cursor, str) else 0
         await self.index.settle()  # every answered append is queued
         pending = await on_thread(self._db("search").run, _count)
-        if 0 < pending <= CATCH_UP and self.runs:
+        if self.runs and (0 < pending <= CATCH_UP or (p.scope == "all" and self._archived)):
             await self.work(limit=CATCH_UP)
             pending = self.pending
         return await on_thread(_answer, self._db("search"), self.layout, q, p, pos, pending)
@@ -554,7 +651,7 @@ def _count(conn: sqlite3.Connection) -> int:
 def _clear(conn: sqlite3.Connection) -> None:
     """Drop every document and queue every message (blocking)."""
     conn.execute("BEGIN IMMEDIATE")
-    for table in ("search_text", "search_tools"):
+    for table in ("search_text", "search_tools", "search_archive"):
         conn.execute(f"INSERT INTO {table}({table}) VALUES ('delete-all')")
     conn.execute("DELETE FROM search_docs")
     conn.execute("DELETE FROM search_queue")
@@ -569,7 +666,7 @@ def _optimize(conn: sqlite3.Connection) -> None:
     """Merge the full-text index's segments (blocking), as 'optimize' would, in steps of
     its own transaction each: one 'optimize' of a million documents would hold the write
     lock for longer than the host's index waits for it."""
-    for table in ("search_text", "search_tools"):
+    for table in ("search_text", "search_tools", "search_archive"):
         for _ in range(100_000):
             before = conn.total_changes
             conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('merge', -500)")
@@ -583,7 +680,8 @@ def _replace_docs(
     """Make a message's documents ``(tools, text)``; unchanged ones stay. Return how many
     were made. An old document's words stay in the contentless table, its row goes."""
     have = conn.execute(
-        "SELECT doc, tools, digest FROM search_docs WHERE session_id = ? AND message_id = ?",
+        "SELECT doc, tools, digest FROM search_docs WHERE session_id = ? AND message_id = ?"
+        " AND root_id IS NULL",
         (sid, mid),
     ).fetchall()
     want = [(tools, text, digest(text)) for tools, text in docs]
@@ -605,7 +703,9 @@ def _replace_docs(
 # -- the command line and verify ----------------------------------------------------------
 
 
-def search_command(data_dir: str, query: str, *, limit: int, session_id: str | None) -> int:
+def search_command(
+    data_dir: str, query: str, *, limit: int, session_id: str | None, scope: bool
+) -> int:
     """``python -m host search DIR QUERY``: print the hits for a person; exit status."""
     import sys
 
@@ -615,7 +715,12 @@ def search_command(data_dir: str, query: str, *, limit: int, session_id: str | N
     if not os.path.exists(layout.index):
         print(f"no index at {layout.index}: start the host on {data_dir} first", file=sys.stderr)
         return 2
-    p = SearchParams(query=query, limit=limit, session_id=session_id or msgspec.UNSET)
+    p = SearchParams(
+        query=query,
+        limit=limit,
+        session_id=session_id or msgspec.UNSET,
+        scope="all" if scope else "active",
+    )
     db = Db(connect_read_only(layout.index))
     try:
         result = _answer(db, layout, parse_query(query), p, 0, db.run(_count))
@@ -629,7 +734,8 @@ def search_command(data_dir: str, query: str, *, limit: int, session_id: str | N
         for a, b in hit.snippet.ranges:
             marked += [text[at:a], "[", text[a:b], "]"]
             at = b
-        print(f"{hit.session_id}  line {hit.line}  {hit.role}  score {hit.score:.3f}")
+        where = f"  (root {hit.root_id}, revision {hit.revision})" if hit.root_id else ""
+        print(f"{hit.session_id}  line {hit.line}  {hit.role}  score {hit.score:.3f}{where}")
         print("    " + "".join([*marked, text[at:]]))
     note = f"; {result.pending} message(s) not indexed yet" if result.partial else ""
     print(f"{len(result.hits)} hit(s){note}")
@@ -644,7 +750,7 @@ def check(layout: Layout, out: TextIO) -> int:
         queued = set(conn.execute("SELECT session_id, message_id FROM search_queue").fetchall())
         docs: dict[tuple[str, str], set[tuple[int, int]]] = {}
         for sid, mid, tools, dig in conn.execute(
-            "SELECT session_id, message_id, tools, digest FROM search_docs"
+            "SELECT session_id, message_id, tools, digest FROM search_docs WHERE root_id IS NULL"
         ):
             docs.setdefault((sid, mid), set()).add((tools, dig))
         want: dict[tuple[str, str], set[tuple[int, int]]] = {}

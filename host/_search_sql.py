@@ -14,7 +14,9 @@ the code that uses the index.
   term's count in a document, which ``detail=none`` and ``column`` do not keep (it scores
   0 under both).
   One row per *document*: the text of a message, or of its tool results.
-- ``search_docs``: what each document is; a doc id is never reused (AUTOINCREMENT): a
+  ``search_archive``: the same for the lines of archived revisions (``scope: "all"``).
+- ``search_docs``: what each document is (an archived one: its root, revision, payload
+  file and line); a doc id is never reused (AUTOINCREMENT): a
   changed or deleted message's document row goes, its words stay in the contentless table
   as dead entries that no search shows, until the search index is rebuilt.
 - ``search_queue``: messages whose documents must be (re)made, filled by triggers on
@@ -41,12 +43,17 @@ MIGRATION = (
     END;
     CREATE VIRTUAL TABLE search_text USING fts5(text, {FTS});
     CREATE VIRTUAL TABLE search_tools USING fts5(text, {FTS});
+    CREATE VIRTUAL TABLE search_archive USING fts5(text, {FTS});
     CREATE TABLE search_docs (
         doc INTEGER PRIMARY KEY AUTOINCREMENT,
         session_id TEXT NOT NULL,
         message_id TEXT NOT NULL,
         tools INTEGER NOT NULL,
-        digest INTEGER NOT NULL
+        digest INTEGER NOT NULL,
+        root_id TEXT,
+        revision INTEGER,
+        file TEXT,
+        line INTEGER
     );
     CREATE INDEX search_docs_by_message ON search_docs (session_id, message_id);
     CREATE TABLE search_queue (

@@ -83,7 +83,7 @@ class Host:
         }
         """Each method's handler, the queues its calls enter, and its group commit."""
         # issue 35: find and organise (host/_search.py, host/_organise.py)
-        self.search = Search(registry.index, registry.layout)
+        self.search = Search(registry.index, registry.layout, registry.archive)
         self.organise = o = Organise(registry, self.search)
         self.handlers |= {
             "session.list": Method(o.list_sessions, none),

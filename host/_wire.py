@@ -368,6 +368,7 @@ class SearchParams(Params):
     limit: Annotated[int, Meta(ge=1, le=SEARCH_PAGE_MAX)] | UnsetType = UNSET
     cursor: Annotated[str, Meta(max_length=MAX_CURSOR)] | UnsetType = UNSET
     tools: bool = False
+    scope: Literal["active", "all"] = "active"
 
 
 class Snippet(Result, omit_defaults=False):
@@ -375,13 +376,15 @@ class Snippet(Result, omit_defaults=False):
     ranges: list[tuple[int, int]]
 
 
-class SearchHit(Result, omit_defaults=False):
+class SearchHit(Result):
     session_id: str
     message_id: str
     line: int
     role: str
     score: float
     snippet: Snippet
+    root_id: str | UnsetType = UNSET
+    revision: int | UnsetType = UNSET
 
 
 class SearchResult(Result):

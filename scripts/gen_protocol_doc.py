@@ -828,7 +828,7 @@ COMMAND_LINE = """\
   index is rebuilt from the transcripts. Then it checks, the search index too: each
   message's documents must hold the text its transcript line has (by digest), unless the
   message is queued for indexing.
-- `python -m host search DIR QUERY [--limit N] [--session ID]` prints the hits of
+- `python -m host search DIR QUERY [--limit N] [--session ID] [--all]` prints the hits of
   `session.search` for a person, each match in `[brackets]`; exit status 0 with hits, 1
   without, 2 for a query refused. It reads the index only (beside a live host too) and
   indexes nothing: it says how many messages are not indexed yet.
@@ -912,7 +912,9 @@ Each hit's `snippet` is plain text cut from the transcript's line, `ranges` the
 behind the writes (docs/design.md, "Search"): a search first indexes what is queued when
 that is little; while a large queue is being built (an old data dir's first start) it
 answers from what is indexed with `partial: true`, `pending` the messages still queued.
-Archived revisions are not searched.""",
+`scope: "all"` also searches the archived revisions (each such hit names its `rootId` and
+`revision`; `line` is its line in that revision), ranked with the rest; they are indexed
+when a manifest is committed, and their documents go with the session.""",
     "session.delete": """\
 Under the lock: the transcript is renamed aside to `<id>.jsonl.deleted` and the folder
 fsynced (the commit point), then the index rows and the session's turns go, then the
@@ -1057,11 +1059,14 @@ FIELD_NOTES: dict[tuple[StructType, str], str] = {
     (_wire.SearchParams, "limit"): "hits in the page; default @@SEARCH_PAGE@@",
     (_wire.SearchParams, "cursor"): "from the page before",
     (_wire.SearchParams, "tools"): "tool results too",
+    (_wire.SearchParams, "scope"): "`all`: archived revisions too",
+    (_wire.SearchHit, "rootId"): "archived hits only: the pager root",
+    (_wire.SearchHit, "revision"): "archived hits only",
     (_wire.SearchResult, "partial"): "`true`: messages are still queued for the index",
     (_wire.SearchResult, "pending"): "messages queued for the index",
     (_wire.SearchResult, "cursor"): "present when more hits may follow",
     (_wire.SearchResult, "candidates"): "matches ranked (at most @@CANDIDATES@@)",
-    (_wire.SearchHit, "line"): "the message's line",
+    (_wire.SearchHit, "line"): "the message's line (in its revision, for an archived one)",
     (_wire.SearchHit, "score"): "bm25, higher is better",
     (_wire.GetParams, "limit"): "at most this many lines, the last ones before `beforeLine`",
     (_wire.GetParams, "beforeLine"): "default `totalLines`; larger values are clamped",

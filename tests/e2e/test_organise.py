@@ -161,6 +161,25 @@ async def test_search_bad_params(client: Client) -> None:
     await _refused(client, "session.search", "INVALID_PARAMS", query="alpha", sessionId="../x")
 
 
+async def test_archived_revisions_are_searched_with_scope_all(client: Client) -> None:
+    await client.call("session.create", sessionId="r")
+    await client.call("session.appendMessage", sessionId="r", message=msg("u1", content="ask"))
+    old = msg("a1", "assistant", "first answer about walruses")
+    await client.call("session.appendMessage", sessionId="r", message=old)
+    await client.call("session.truncateFrom", sessionId="r", fromMessageId="a1")
+    new = msg("a2", "assistant", "second answer about otters")
+    await client.call("session.appendMessage", sessionId="r", message=new)
+    assert (await client.call("session.search", query="walrus"))["hits"] == []
+    (hit,) = (await client.call("session.search", query="walrus", scope="all"))["hits"]
+    assert (hit["messageId"], hit["rootId"], hit["revision"]) == ("a1", "u1", 0)
+    saved = msg("a3", "assistant", "a third answer about seals")
+    await client.call("session.saveRevision", sessionId="r", rootId="u1", messages=[saved])
+    (hit,) = (await client.call("session.search", query="seals", scope="all"))["hits"]
+    assert (hit["messageId"], hit["rootId"], hit["line"]) == ("a3", "u1", 0), hit
+    await client.call("session.delete", sessionId="r")
+    assert (await client.call("session.search", query="walrus", scope="all"))["hits"] == []
+
+
 async def test_search_command_line(client: Client, data_dir: Path) -> None:
     await _chat(client, "s", ["the cli finds needles"])
     await client.call("session.search", query="needle")  # indexed
