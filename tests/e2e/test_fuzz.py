@@ -347,6 +347,7 @@ FIELD_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "atMessageId": message_id,
     "newSessionId": session_id,
     "query": st.text(max_size=20) | json_values,
+    "scope": st.sampled_from(["active", "all", "ALL", ""]) | json_values,
     "tools": st.booleans() | json_values,
 }
 SESSIONS = ("s1", "s2", "s3")
@@ -390,6 +391,7 @@ VALID_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "atMessageId": st.sampled_from(MESSAGES),
     "newSessionId": st.sampled_from(SESSIONS),
     "query": st.text(max_size=20),
+    "scope": st.sampled_from(["active", "all"]),
     "tools": st.booleans(),
 }
 """Values a method accepts (ids from the pools above), to reach deep into the handlers."""
