@@ -68,7 +68,7 @@ def _read_meta(path: str) -> tuple[bytes | None, MetaFile]:
         return data, decode(_META_FILE, data)
     except OSError:
         return None, MetaFile()
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return data, MetaFile()
 
 
@@ -242,9 +242,9 @@ class Organise:
         st = await on_thread(make_files)
         made = registry.sessions[new] = Session(new, registry)
         try:
-            await registry.index.create_session(
-                SessionRow(new, title, now, now, 0, 0, st.ino, st.mtime_ns)
-            )
+            # No file stamp yet: a row made from the files, its meta read again at a start
+            # (search_sql's trigger) until _set_meta records it; replace_rows stamps it.
+            await registry.index.create_session(SessionRow(new, title, now, now, 0, 0, 0, 0))
             await registry.index.replace_rows(RowCache(new), rows, st, len(rows), now)
             await _set_meta(registry, new, title, meta)
         except Exception:  # made: indexed from its files before it is served

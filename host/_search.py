@@ -374,8 +374,12 @@ def _read_archived(
 def _read_line(
     layout: Layout, fds: dict[str, int], sid: str, offset: int, length: int
 ) -> tuple[str, str, str, str] | None:
-    """The texts of the line at ``offset``, when it is one whole line there."""
+    """The texts of the line at ``offset``, when it is one whole line there (one
+    transcript open at a time: the host's bound on open files holds)."""
     if sid not in fds:
+        for fd in fds.values():
+            os.close(fd)
+        fds.clear()
         try:
             fds[sid] = os.open(layout.transcript(sid), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
@@ -395,6 +399,7 @@ class Search:
         self.layout = layout
         self.archive = archive
         self._archived: set[str] = set()  # sessions whose archives may have changed
+        self._syncing = ""  # ... and the one being synced
         self._dbs: dict[str, Db] = {}  # "search", "pages" (readers), "writer" (the indexer)
         self.runs = False
         self._busy = asyncio.Lock()  # one indexing pass at a time
@@ -479,7 +484,11 @@ class Search:
                     last_log = time.monotonic()
                     log.info("search index: %d of %d queued message(s) indexed", done, total)
             while self._archived:  # a change's archives (its rows' sessions, told by Archive)
-                await on_thread(writer.run, self._sync_archive, self._archived.pop())
+                self._syncing = sid = self._archived.pop()
+                try:
+                    await on_thread(writer.run, self._sync_archive, sid)
+                finally:
+                    self._syncing = ""
             self.pending = await on_thread(writer.run, _count)
             if self.building and self.pending <= skipped:
                 await on_thread(writer.run, _optimize)
@@ -504,9 +513,9 @@ class Search:
         ).fetchall()
         if not rows:
             return 0, after, 0, 0
-        last = rows[-1][0]
+        last = rows[-1][0]  # (in queue order)
         items: dict[tuple[str, str], list[Any]] = {}  # -> [seqs, offset, length, docs]
-        for seq, sid, mid, offset, length in rows:
+        for seq, sid, mid, offset, length in sorted(rows, key=lambda r: (r[1], r[0])):
             self._archived.add(sid)  # a delete, a cut: its archives may have gone too
             item = items.setdefault((sid, mid), [[], None, None, None])
             item[0].append(seq)
@@ -623,7 +632,8 @@ class Search:
         pos = _position(p.cursor) if isinstance(p.cursor, str) else 0
         await self.index.settle()  # every answered append is queued
         pending = await on_thread(self._db("search").run, _count)
-        if self.runs and (0 < pending <= CATCH_UP or (p.scope == "all" and self._archived)):
+        archives = p.scope == "all" and (self._archived or self._syncing) and not self.building
+        if self.runs and (0 < pending <= CATCH_UP or archives):
             await self.work(limit=CATCH_UP)
             pending = self.pending
         return await on_thread(_answer, self._db("search"), self.layout, q, p, pos, pending)
@@ -758,6 +768,7 @@ def check(layout: Layout, out: TextIO) -> int:
         try:
             for sid, mid, offset, length in conn.execute(
                 "SELECT session_id, message_id, offset, length FROM messages"
+                " ORDER BY session_id, line"
             ):
                 got = _read_line(layout, fds, sid, offset, length)
                 if got is not None and (d := {(k, digest(t)) for k, t in enumerate(got[2:]) if t}):
@@ -773,6 +784,6 @@ def check(layout: Layout, out: TextIO) -> int:
             problems += 1
             what = "not in the transcript" if key not in want else "not as the transcript has it"
             print(f"{key[0]}: message {key[1]}: its search documents are {what}", file=out)
-    note = f", {len(queued)} queued" if queued else ""
-    print(f"search index: {len(docs)} message(s) indexed{note}: {problems} problem(s)", file=out)
+    if problems:
+        print(f"search index: {len(docs)} message(s) indexed: {problems} problem(s)", file=out)
     return problems
