@@ -406,7 +406,7 @@ class Search:
         self._wake = asyncio.Event()
         self._tries: dict[int, int] = {}  # queue seq -> failed reads
         self.indexed = self.pending = 0
-        self.building = False
+        self.building, self._since = False, 0.0
 
     def _db(self, name: str) -> Db:
         """A connection of its own (opened on first use): a list page never waits behind a
@@ -472,7 +472,7 @@ class Search:
         async with self._busy:
             total = await on_thread(writer.run, _count)
             if log_progress and total > BUILD and not self.building:
-                self.building, started = True, time.monotonic()
+                self.building, self._since = True, time.monotonic()
                 log.info("search index: %d message(s) to index", total)
             done, after, last_log, skipped = 0, -1, time.monotonic(), 0
             while limit is None or done < limit:
@@ -495,7 +495,7 @@ class Search:
                 log.info(
                     "search index: built (%d message(s) in %.1f s)",
                     done,
-                    time.monotonic() - started,
+                    time.monotonic() - self._since,
                 )
                 self.building = False
             elif not self.building and done >= BUILD:
