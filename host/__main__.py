@@ -73,6 +73,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="first run the recovery a start runs, every transcript rescanned",
     )
+    find = sub.add_parser("search", help="search every session's messages (issue 35)")
+    find.add_argument("data_dir", metavar="DIR")
+    find.add_argument("query", metavar="QUERY")
+    find.add_argument("--limit", type=int, default=20, choices=range(1, 101), metavar="1-100")
+    find.add_argument("--session", help="only this session's messages")
+    find.add_argument("--all", action="store_true", help="archived revisions too")
+    add_log_options(find)
     for p in (serve, verify):
         add_busy_timeout(p, BUSY_TIMEOUT)
         add_log_options(p)
@@ -91,6 +98,12 @@ def main(argv: list[str] | None = None) -> int:
                 also_socket=args.also_socket,
             ),
             args.loop,
+        )
+    if args.command == "search":
+        from host._search import search_command
+
+        return search_command(
+            args.data_dir, args.query, limit=args.limit, session_id=args.session, scope=args.all
         )
     from host._verify import verify as check
 

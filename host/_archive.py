@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 from host._errors import Conflict, StorageError
@@ -86,6 +86,8 @@ class Archive:
     def __init__(self, layout: Layout, fs: FileSystem) -> None:
         self.layout = layout
         self.fs = fs
+        self.on_change: Callable[[str], None] = lambda session_id: None
+        """Told of every manifest committed (issue 35: the search index follows)."""
 
     def folder(self, session_id: str, root_id: str) -> str:
         """The root's archive folder, once no folder on its way is a link (``UnsafeFolder``)."""
@@ -157,6 +159,7 @@ class Archive:
         folder = self.folder(session_id, root_id)
         self.fs.mkdir(folder)
         self.fs.write_atomic(os.path.join(folder, "manifest.json"), _manifest(root_id, revisions))
+        self.on_change(session_id)
 
     def prepare(self, session_id: str, root_id: str, revisions: Sequence[Revision]) -> str:
         """Write the manifest a change will commit into a temp file beside it; return it.

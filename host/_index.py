@@ -30,7 +30,7 @@ import os
 import sqlite3
 import stat
 import urllib.parse
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -98,6 +98,10 @@ MIGRATIONS: list[tuple[str, str]] = [
         """,
     ),
 ]
+# -- issue 35 hook: the search index and the sessions' meta (host/_search_sql.py) --
+from host._search_sql import MIGRATION as _SEARCH_MIGRATION  # noqa: E402
+
+MIGRATIONS.append(_SEARCH_MIGRATION)
 
 
 class Row(NamedTuple):
@@ -190,7 +194,15 @@ _MIGRATIONS_TABLE = "CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KE
 
 
 def _statements(sql: str) -> list[str]:
-    return [stmt for stmt in sql.split(";") if stmt.strip()]
+    # issue 35 hook: a trigger's body holds ";" too, so a statement ends where SQLite says
+    out, stmt = [], ""
+    for part in sql.split(";"):
+        stmt += part + ";"
+        if sqlite3.complete_statement(stmt):
+            if stmt.strip(" \n;"):
+                out.append(stmt)
+            stmt = ""
+    return out
 
 
 def _schema(conn: sqlite3.Connection) -> set[tuple[str, str, str | None]]:
@@ -332,6 +344,8 @@ class Index:
         self.stale = 0
         """How many sessions' queued rows failed to commit (:attr:`RowCache.stale`)."""
         self._full = self._normal = 0  # PRAGMA synchronous's levels, as SQLite reports them
+        self.on_commit: Callable[[], None] | None = None
+        """issue 35 hook: told after every commit (the search indexer wakes)."""
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -604,6 +618,8 @@ class Index:
                     await asyncio.shield(self._rollback())
                     raise
                 self.fs.sqlite_committed(self._full if durable else self._normal)
+                if self.on_commit is not None:  # issue 35 hook
+                    self.on_commit()
             finally:
                 if durable:
                     await asyncio.shield(self._conn.execute("PRAGMA synchronous=NORMAL"))

@@ -161,6 +161,7 @@ class Intents:
         if change.root_id is not None and change.manifest is not None:
             folder = self.archive.folder(sid, change.root_id)
             self._install(folder, change.manifest, "manifest.json")
+            self.archive.on_change(sid)  # the search index syncs this session's archive
         if change.transcript is not None:
             name = os.path.basename(self.layout.transcript(sid))
             self._install(self.layout.sessions, change.transcript, name)

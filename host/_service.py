@@ -37,7 +37,9 @@ from host._index import (
 from host._layout import Layout
 from host._limits import REQUEST_BYTES, Limits
 from host._locks import Method, Scope, Ticket
+from host._organise import ForkMethod, Organise, name_fork
 from host._recovery import Report, recover
+from host._search import Search
 from host._sessions import GROUP, SessionMethods
 from host._store import Registry
 from host._turns import TurnMethods
@@ -88,8 +90,19 @@ class Host:
         self.handlers["session.unwatch"] = Method(w.unwatch, none)
         self.handlers["session.publish"] = Method(w.publish)
         """Each method's handler, the queues its calls enter, and its group commit."""
+        # issue 35: find and organise (host/_search.py, host/_organise.py)
+        self.search = Search(registry.index, registry.layout, registry.archive)
+        self.organise = o = Organise(registry, self.search)
+        self.handlers |= {
+            "session.list": Method(o.list_sessions, none),
+            "session.update": Method(o.update),
+            "session.fork": ForkMethod(o.fork),
+            "session.search": Method(self.search.search, none),
+        }
         self.methods = frozenset(self.handlers)
-        self.big_results = frozenset({"session.get", "session.list", "session.listRevisions"})
+        self.big_results = frozenset(
+            {"session.get", "session.list", "session.listRevisions", "session.search"}
+        )
         """Methods whose answer its request does not bound: a connection runs one at a time."""
         self.requests = RequestBudget(REQUEST_BYTES)
         """The long request lines every connection holds together (docs/protocol.md)."""
@@ -102,6 +115,7 @@ class Host:
             m = dataclasses.replace(m, handler=functools.partial(asker, origin=origin))
         if isinstance(params, CreateParams) and not isinstance(params.session_id, str):
             params = structs.replace(params, session_id=uuid.uuid4().hex)
+        params = name_fork(params)  # issue 35
         return self.registry.locks.enqueue(m.queues(params), m, params)
 
     @classmethod
@@ -152,7 +166,8 @@ class Host:
                         raise
                     problem = f"damaged ({exc})"  # beyond what the first look saw
                     continue
-                yield host
+                async with host.search.running():  # issue 35: the search indexer
+                    yield host
                 return
 
     @classmethod
@@ -163,6 +178,7 @@ class Host:
                 os.chmod(path, 0o600)
         host = cls(registry, Report(), limits)
         host.report = report = await recover_data_dir(registry, full=full)
+        await host.organise.reload_meta()  # issue 35
         log.info(
             "recovered %d session(s): %d reconciled, %d line(s) indexed, %d torn tail(s),"
             " %d line(s) quarantined, %d temp file(s) removed",
@@ -180,6 +196,7 @@ class Host:
         counters["connections.paused"] = self.stats.paused
         counters["calls.waiting"] = self.stats.waiting
         counters["requests.heldBytes"] = self.requests.held
+        counters.update(await self.search.counters())  # issue 35
         return StatsResult(
             uptime_seconds=time.monotonic() - self.stats.started,
             counters=counters,

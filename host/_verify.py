@@ -15,10 +15,11 @@ import sqlite3
 import sys
 from typing import TextIO
 
-from host._fs import FileSystem
+from host._fs import FileSystem, on_thread
 from host._index import BUSY_TIMEOUT, Index, IndexBusy, disk_trouble, index_problem
 from host._layout import Layout, UnsafeDataDir
 from host._recovery import scan
+from host._search import check as search_check
 from host._server import DataDirBusy, lock_data_dir
 from host._service import Host
 from host._transcript import FileStamp, Transcript
@@ -90,6 +91,7 @@ async def _repair(layout: Layout, out: TextIO, busy_timeout: float) -> int:
                 f" {counters.get('recovery.turns_aborted', 0)} running turn(s) aborted",
                 file=out,
             )
+            await host.search.rebuild()  # issue 35: from the transcripts, dead words gone
             return await _check(layout, host.registry.index, host.registry.fs, out)
     finally:
         lock.close()
@@ -143,4 +145,6 @@ async def _check(layout: Layout, index: Index, fs: FileSystem, out: TextIO) -> i
             )
         lines += len(found.rows)
     print(f"checked {len(on_disk)} session(s), {lines} line(s): {problems} problem(s)", file=out)
-    return problems
+    await index.settle()
+    searched: int = await on_thread(search_check, layout, out)  # issue 35
+    return problems + searched

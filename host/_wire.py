@@ -98,7 +98,7 @@ class CancelParams(Struct, forbid_unknown_fields=True):
 
 class CreateParams(Params):
     session_id: Id | UnsetType = UNSET
-    title: str | UnsetType | None = UNSET
+    title: Annotated[str, Meta(max_length=1_000)] | UnsetType | None = UNSET  # MAX_TITLE
 
 
 class CreateResult(Result):
@@ -111,10 +111,13 @@ class SessionSummary(Result, omit_defaults=False):
     title: str | None
     message_count: int
     updated_at: str
+    created_at: str = ""  # issue 35
+    meta: dict[str, Raw] | None = None
 
 
 class ListResult(Result):
     sessions: list[SessionSummary]
+    cursor: str | UnsetType = UNSET  # issue 35
 
 
 class SessionParams(Params):
@@ -392,12 +395,96 @@ NOTIFICATIONS: dict[str, type[Struct]] = {"session.event": SessionEventParams}
 """What the host sends unasked: notification name -> its params type."""
 
 
+# -- find and organise (issue 35) --------------------------------------------------------
+
+MAX_TITLE = 1_000
+"""Characters a title may hold (``create``, ``update``); a title stored before this bound
+is clipped to it in ``session.list``."""
+MAX_META = 16_384
+"""Bytes a session's ``meta`` may hold, encoded as stored (after a merge)."""
+LIST_PAGE, LIST_PAGE_MAX = 100, 1_000
+"""``session.list``'s page without ``limit``, and its largest ``limit``: a page of
+titles and ``meta`` at their bounds holds under 23 MB, far from the 64 MiB answer limit."""
+SEARCH_PAGE, SEARCH_PAGE_MAX = 20, 100
+"""``session.search``'s page without ``limit``, and its largest ``limit``."""
+MAX_QUERY = 1_000
+"""Characters a search query may hold (more is LIMIT_EXCEEDED)."""
+MAX_CURSOR = 1_024
+"""Characters of a ``cursor`` (``session.list``, ``session.search``)."""
+Title = Annotated[str, Meta(max_length=MAX_TITLE)]
+
+
+class ListParams(Params):
+    limit: Annotated[int, Meta(ge=1, le=LIST_PAGE_MAX)] | UnsetType = UNSET
+    cursor: Annotated[str, Meta(max_length=MAX_CURSOR)] | UnsetType = UNSET
+    order: Literal["updated", "created"] = "updated"
+    pinned_first: bool = False
+
+
+class UpdateSessionParams(Params):
+    session_id: Id
+    title: Title | UnsetType | None = UNSET
+    meta: dict[str, Raw] | UnsetType = UNSET
+
+
+class UpdateSessionResult(Result, omit_defaults=False):
+    session_id: str
+    title: str | None
+    meta: dict[str, Raw] | None
+    changed: bool
+
+
+class ForkParams(Params):
+    session_id: Id
+    at_message_id: Id
+    new_session_id: Id | UnsetType = UNSET
+
+
+class ForkResult(Result, omit_defaults=False):
+    session_id: str
+    created: bool
+    message_count: int
+
+
+class SearchParams(Params):
+    query: str
+    session_id: Id | UnsetType = UNSET
+    limit: Annotated[int, Meta(ge=1, le=SEARCH_PAGE_MAX)] | UnsetType = UNSET
+    cursor: Annotated[str, Meta(max_length=MAX_CURSOR)] | UnsetType = UNSET
+    tools: bool = False
+    scope: Literal["active", "all"] = "active"
+
+
+class Snippet(Result, omit_defaults=False):
+    text: str
+    ranges: list[tuple[int, int]]
+
+
+class SearchHit(Result):
+    session_id: str
+    message_id: str
+    line: int
+    role: str
+    score: float
+    snippet: Snippet
+    root_id: str | UnsetType = UNSET
+    revision: int | UnsetType = UNSET
+
+
+class SearchResult(Result):
+    hits: list[SearchHit]
+    partial: bool
+    pending: int
+    candidates: int
+    cursor: str | UnsetType = UNSET
+
+
 # -- the method table -------------------------------------------------------------------
 
 METHODS: dict[str, tuple[type[Struct], type[Struct]]] = {
     "handshake": (HandshakeParams, HandshakeResult),
     "session.create": (CreateParams, CreateResult),
-    "session.list": (EmptyParams, ListResult),
+    "session.list": (ListParams, ListResult),
     "session.delete": (SessionParams, DeleteResult),
     "session.get": (GetParams, GetResult),
     "session.appendMessage": (AppendParams, AppendResult),
@@ -416,6 +503,9 @@ METHODS: dict[str, tuple[type[Struct], type[Struct]]] = {
     "session.watch": (WatchParams, WatchResult),
     "session.unwatch": (UnwatchParams, UnwatchResult),
     "session.publish": (PublishParams, PublishResult),
+    "session.update": (UpdateSessionParams, UpdateSessionResult),  # issue 35
+    "session.fork": (ForkParams, ForkResult),
+    "session.search": (SearchParams, SearchResult),
     "host.stats": (EmptyParams, StatsResult),
     "host.shutdown": (EmptyParams, ShutdownResult),
 }

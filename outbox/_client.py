@@ -31,7 +31,7 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -351,6 +351,59 @@ class HostClient:
         if "error" in reply:
             raise RemoteError(reply["error"])
         return reply.get("result")
+
+    # -- find and organise (issue 35) ------------------------------------------------
+
+    async def search(
+        self, query: str, *, timeout: float | None = None, **params: Any
+    ) -> dict[str, Any]:
+        """``session.search``: one page of hits (``sessionId``, ``limit``, ``cursor``,
+        ``tools`` as keywords); ``cursor`` in the answer when more may follow."""
+        result: dict[str, Any] = await self.call(
+            "session.search", {"query": query, **params}, timeout=timeout
+        )
+        return result
+
+    async def list_sessions(
+        self, *, timeout: float | None = None, **params: Any
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Every session, page by page (``limit``, ``order``, ``pinnedFirst`` as keywords)."""
+        cursor: str | None = None
+        while True:
+            page = await self.call(
+                "session.list",
+                {**params, **({"cursor": cursor} if cursor else {})},
+                timeout=timeout,
+            )
+            for row in page["sessions"]:
+                yield row
+            cursor = page.get("cursor")
+            if cursor is None:
+                return
+
+    async def update_session(
+        self, session_id: str, *, timeout: float | None = None, **params: Any
+    ) -> dict[str, Any]:
+        """``session.update``: ``title=`` and/or ``meta=`` (a key set to ``None`` goes)."""
+        result: dict[str, Any] = await self.call(
+            "session.update", {"sessionId": session_id, **params}, timeout=timeout
+        )
+        return result
+
+    async def fork_session(
+        self,
+        session_id: str,
+        at_message_id: str,
+        new_session_id: str | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
+        """``session.fork``: a new session of the lines up to ``at_message_id``."""
+        params = {"sessionId": session_id, "atMessageId": at_message_id}
+        if new_session_id is not None:
+            params["newSessionId"] = new_session_id
+        result: dict[str, Any] = await self.call("session.fork", params, timeout=timeout)
+        return result
 
     async def batch(
         self, calls: list[tuple[str, dict[str, Any]]], *, timeout: float | None = None

@@ -29,6 +29,7 @@ from host import (
     _limits,
     _messages,
     _platform,
+    _search,
     _server,
     _surrogates,
     _wire,
@@ -268,11 +269,13 @@ LAYOUT_OUTRO = """
   count, byte size and the transcript's inode and mtime), a `messages` table with one row
   per line (line, id, byte offset, length, role, turnId, status, pager) so that a page of
   `session.get` and a lookup by id cost in proportion to what they return, a `turns` table,
-  and a `migrations` table of named migrations. Messages and sessions can always be rebuilt
-  from the files (`python -m host verify --repair`); the turn table cannot (it is not in
-  the transcript).
-- `sessions/<id>.meta.json` holds `{"title", "createdAt"}`, so that an index rebuilt from
-  the files keeps the title.
+  the search index (`search_text` and `search_tools`, contentless FTS5; `search_docs`;
+  `search_queue`: docs/design.md, "Search") and a `migrations` table of named migrations.
+  Messages, sessions and the search index can always be rebuilt from the files
+  (`python -m host verify --repair`); the turn table cannot (it is not in the transcript).
+- `sessions/<id>.meta.json` holds `{"title", "createdAt", "meta"}` (`meta` only once set),
+  so that an index rebuilt from the files keeps the title and the app's `meta`; it is
+  replaced atomically by `session.update`.
 - `sessions/<id>.inflight.json` is the streaming checkpoint (ADR 0153):
   `{"sessionId", "turnId", "savedAt", "message"}`, one per session; the message's own `id`
   is its id (older files also carry a `"messageId"`, and read the same).
@@ -497,11 +500,13 @@ PROTOCOL.md is silent on these points (or leaves them open); this is what the co
 
 ### Sessions
 
-- **`session.list` is ordered by `updatedAt` descending**, then by `sessionId`; it is not
-  paged. `updatedAt` is the time of the last write to the transcript (after a reconciliation,
-  the file's mtime); `messageCount` is the number of lines.
-- **The session title is stored in `sessions/<id>.meta.json`**, so a rebuilt index keeps it.
-  No method changes a title; `session.create` of an existing id leaves it as it is.
+- **`session.list` is paged**, by `updatedAt` (or `createdAt`) descending, then by
+  `sessionId` descending. `updatedAt` is the time of the last write to the transcript
+  (after a reconciliation, the file's mtime); a title or `meta` change does not move it;
+  `messageCount` is the number of lines.
+- **The session title and `meta` are stored in `sessions/<id>.meta.json`**, so a rebuilt
+  index keeps them. `session.update` changes them; `session.create` of an existing id
+  leaves them as they are.
 - `session.create` without `sessionId` picks 32 lowercase hex digits (a random UUID).
 - **Session ids are unique regardless of case.** On a case-insensitive file system
   (macOS's default, APFS or HFS+) `Chat.jsonl` and `chat.jsonl` are one file, so two
@@ -607,7 +612,10 @@ read and the write inside one hold of the lock instead:
   `sidecars.setAside`: links, FIFOs and folders renamed aside where a session file belongs
   (see [Storage layout](#storage-layout)))
   and gauges (`sessions.open`, `locks.held`, `connections.paused`, `calls.waiting`,
-  `requests.heldBytes`; see [Limits](#limits); `fsyncs.onLoop`: 1 while durable writes
+  `requests.heldBytes`; see [Limits](#limits); `search.pending`: messages queued for the
+  search index, `search.building`: 1 while a large queue is being built (the log says how
+  far), `search.indexed`: documents made since start;
+  `fsyncs.onLoop`: 1 while durable writes
   of up to 1 MiB run on the event loop, the disk's latency being low, 0 while they run on
   a thread, as they do on a slow disk: docs/design.md, "Append"); `methods`
   maps each method called to `{count, errors, p50Ms, p99Ms, maxMs}`: counts since start,
@@ -762,8 +770,9 @@ LIMIT_ROWS = [
     (
         "reads running, a connection",
         "1",
-        "`session.get`, `session.list` and `session.listRevisions` (answers their requests"
-        " do not bound) start one at a time, each once the answer before is written",
+        "`session.get`, `session.list`, `session.listRevisions` and `session.search`"
+        " (answers their requests do not bound) start one at a time, each once the answer"
+        " before is written",
     ),
     (
         "a connection's read buffer",
@@ -796,6 +805,46 @@ LIMIT_ROWS = [
         "a socket connection's handshake",
         "@@HANDSHAKE_TIMEOUT@@ s (`--handshake-timeout`)",
         "one `NOT_HANDSHAKEN` line (`id: null`, `data.limit`), then the connection is closed",
+    ),
+    (
+        "a session's title",
+        "@@MAX_TITLE@@ characters",
+        "`INVALID_PARAMS` from `create` and `update`; nothing changes",
+    ),
+    (
+        "a session's `meta`",
+        "@@MAX_META@@ bytes, encoded, after the merge",
+        "`LIMIT_EXCEEDED` (`data.limit`) from `update`; nothing changes",
+    ),
+    (
+        "a `session.list` page",
+        "@@LIST_PAGE_MAX@@ sessions (default @@LIST_PAGE@@)",
+        "`INVALID_PARAMS` for a larger `limit`; page on with `cursor`",
+    ),
+    (
+        "a search query",
+        "@@MAX_QUERY@@ characters, @@MAX_TERMS@@ terms",
+        "`LIMIT_EXCEEDED` (`data.limit`)",
+    ),
+    (
+        "a `session.search` page",
+        "@@SEARCH_PAGE_MAX@@ hits (default @@SEARCH_PAGE@@)",
+        "`INVALID_PARAMS` for a larger `limit`",
+    ),
+    (
+        "the matches a search ranks",
+        "the most recent @@CANDIDATES@@ (all of one session's with `sessionId`)",
+        "older matches are not ranked nor paged to (`candidates` says how many were)",
+    ),
+    (
+        "a cursor",
+        "@@MAX_CURSOR@@ characters",
+        "`INVALID_PARAMS`, as any cursor no answer gave",
+    ),
+    (
+        "the text searched, a message",
+        "its first @@MAX_DOC@@ characters",
+        "the rest is not found",
     ),
     (
         "open transcripts",
@@ -899,7 +948,14 @@ COMMAND_LINE = """\
   runs, the same code (`Host.open`), with every transcript rescanned in full: leftovers of
   deleted sessions removed, unfinished changes (intents) finished, the index rows rebuilt
   from the transcripts, running turns ended `aborted`, unnamed archive payloads removed;
-  checkpoints are left, as at start, to `session.recoverInflightMessages`. Then it checks.
+  checkpoints are left, as at start, to `session.recoverInflightMessages`; the search
+  index is rebuilt from the transcripts. Then it checks, the search index too: each
+  message's documents must hold the text its transcript line has (by digest), unless the
+  message is queued for indexing.
+- `python -m host search DIR QUERY [--limit N] [--session ID] [--all]` prints the hits of
+  `session.search` for a person, each match in `[brackets]`; exit status 0 with hits, 1
+  without, 2 for a query refused. It reads the index only (beside a live host too) and
+  indexes nothing: it says how many messages are not indexed yet.
 """
 
 # -- per-method prose -----------------------------------------------------------------------
@@ -919,7 +975,70 @@ differs from an existing session's only in case (`chat` beside `Chat`) is `CONFL
 (`data.sessionId`: the existing one) and changes nothing (see
 [Departures](#sessions)). Without `sessionId` the host picks one.""",
     "session.list": """\
-Every session, most recently written first. Reads only the index.""",
+One page of sessions, by last write (`order: "updated"`, the default) or by creation
+(`"created"`), newest first, ties by `sessionId` descending; with `pinnedFirst`, the
+sessions whose `meta.pinned` is `true` come first (in that order), then the rest. Without
+`limit`, @@LIST_PAGE@@ sessions. `cursor` is present when more follow: send it back, with
+the same `order` and `pinnedFirst`, for the next page (another cursor, or one of another
+order, is `INVALID_PARAMS`). Reads only the index, by a keyset on its own index: a page
+costs in proportion to the page, whatever the number of sessions. Titles are at most
+@@MAX_TITLE@@ characters and `meta` @@MAX_META@@ bytes, so a page of @@LIST_PAGE_MAX@@
+stays far under the answer limit; a title stored before that bound (an older host took
+any) comes back clipped to @@MAX_TITLE@@ characters. `updatedAt` moves with writes to
+the transcript only: renaming a chat does not move it up the list.""",
+    "session.update": """\
+Under the lock: sets the title (`null` removes it) and merges `meta`, a JSON object the app
+owns: each top-level key given replaces that key, a key set to `null` is removed, keys not
+given stay (values are kept as the caller's bytes; a nested object is replaced whole, not
+merged). A title over @@MAX_TITLE@@ characters is `INVALID_PARAMS`; a `meta` that would
+encode to more than @@MAX_META@@ bytes after the merge is `LIMIT_EXCEEDED` (`data.limit`);
+either changes nothing. `meta.pinned: true` pins the session (`session.list` with
+`pinnedFirst`).
+Durable: `meta.json` is replaced atomically (temp file, fsync, rename, folder fsync) after
+the index has marked the session, synced, so a start after a crash reads the file again;
+then the index. `changed: false`: it already was so, nothing was written.""",
+    "session.fork": """\
+Under the lock of `sessionId`, of `newSessionId` and of every id differing from it only in
+case (as `session.create`): a new session holding the lines of `sessionId` up to and
+including `atMessageId`, copied byte for byte (`turnId` and pager stamps included; the
+turns, the checkpoint and the revision archives are not copied), its title the source's
+and its `meta` `{"forkedFrom": {"sessionId", "messageId"}}`. Crash-atomic: every file of
+the new session is written and fsynced first, the copy into a temp file; the rename of the
+copy to `<newSessionId>.jsonl` and its folder's fsync are the commit (a start removes the
+files of a session without a transcript), so after a cut there is no new session or the
+whole one. `NOT_FOUND` for a missing session or message; `CONFLICT` (`data.sessionId`) when
+`newSessionId` exists or differs from a session only in case, unless it is this very fork
+again (same source and message: `created: false`, a retried call).""",
+    "session.search": """\
+Full-text search across every session (or one, `sessionId`). Terms are separated by
+spaces and all must occur; `"two words"` is one term, `-term` or `NOT term` excludes one,
+`AND` and a trailing `*` change nothing, `OR` is `INVALID_PARAMS`. A term's words are
+letters and digits (case and diacritics folded, any script): a word of 3 characters or
+more matches as a prefix (`organis` finds `organise` and `Organisation`), a shorter one as
+a whole word; every other character, FTS5's syntax included, only separates words
+(`foo_bar` is `foo` and `bar`, in any order). CJK text (hiragana, katakana, ideographs,
+Hangul) matches as a substring: 1 or 2 characters by one lookup, a longer run by its pairs
+of characters, each hit then checked against its text. An empty query or one of only
+operators or punctuation is `INVALID_PARAMS`; over @@MAX_QUERY@@ characters or
+@@MAX_TERMS@@ terms, `LIMIT_EXCEEDED`. The text of a message is its `content` when a
+string, else the `text` of its parts of type `text`, `input_text` or `output_text`; tool
+results (a `tool` message, `tool_result` parts) only with `tools: true`; the first
+@@MAX_DOC@@ characters of each.
+
+Ranking is bm25 (`score`, higher is better), ties most recently indexed first, over a
+bounded set of candidates: the most recent @@CANDIDATES@@ matches of the query across every
+session (by when they were indexed), or every match of one session with `sessionId`.
+`candidates` says how many were ranked; when it is @@CANDIDATES@@, older matches may exist
+that are not offered (narrow the query, or search one session). So the cost of a search is
+bounded whatever the number of matches. Hits are paged by `cursor` over those candidates.
+Each hit's `snippet` is plain text cut from the transcript's line, `ranges` the
+`[start, end)` offsets of the matches in code points. The index is derived and built
+behind the writes (docs/design.md, "Search"): a search first indexes what is queued when
+that is little; while a large queue is being built (an old data dir's first start) it
+answers from what is indexed with `partial: true`, `pending` the messages still queued.
+`scope: "all"` also searches the archived revisions (each such hit names its `rootId` and
+`revision`; `line` is its line in that revision), ranked with the rest; they are indexed
+when a manifest is committed, and their documents go with the session.""",
     "session.delete": """\
 Under the lock: the transcript is renamed aside to `<id>.jsonl.deleted` and the folder
 fsynced (the commit point), then the index rows and the session's turns go, then the
@@ -1079,7 +1198,38 @@ FIELD_NOTES: dict[tuple[StructType, str], str] = {
     (_wire.CreateParams, "sessionId"): "default: 32 random lowercase hex digits",
     (_wire.CreateResult, "created"): "`false`: the id existed, nothing changed",
     (_wire.SessionSummary, "messageCount"): "lines in the transcript",
-    (_wire.SessionSummary, "updatedAt"): "last write; the list is sorted by it, newest first",
+    (_wire.SessionSummary, "updatedAt"): "last write to the transcript",
+    (_wire.SessionSummary, "createdAt"): "when the session was made",
+    (_wire.SessionSummary, "title"): "at most @@MAX_TITLE@@ characters",
+    (_wire.SessionSummary, "meta"): "the app's object (`session.update`), or `null`",
+    (_wire.ListParams, "limit"): "sessions in the page; default @@LIST_PAGE@@",
+    (_wire.ListParams, "cursor"): "from the page before",
+    (_wire.ListParams, "order"): "by last write (default) or by creation, newest first",
+    (_wire.ListParams, "pinnedFirst"): "sessions with `meta.pinned: true` first",
+    (_wire.ListResult, "cursor"): "present when more sessions follow",
+    (_wire.CreateParams, "title"): "at most @@MAX_TITLE@@ characters",
+    (_wire.UpdateSessionParams, "title"): "at most @@MAX_TITLE@@ characters; `null` removes it",
+    (_wire.UpdateSessionParams, "meta"): "merged by top-level key; `null` removes a key",
+    (_wire.UpdateSessionResult, "meta"): "after the merge; `null` when empty",
+    (_wire.UpdateSessionResult, "changed"): "`false`: nothing to write",
+    (_wire.ForkParams, "atMessageId"): "the last message copied",
+    (_wire.ForkParams, "newSessionId"): "default: 32 random lowercase hex digits",
+    (_wire.ForkResult, "created"): "`false`: this fork was made before (a retry)",
+    (_wire.ForkResult, "messageCount"): "lines in the new session",
+    (_wire.SearchParams, "query"): "at most @@MAX_QUERY@@ characters, @@MAX_TERMS@@ terms",
+    (_wire.SearchParams, "sessionId"): "only this session's messages",
+    (_wire.SearchParams, "limit"): "hits in the page; default @@SEARCH_PAGE@@",
+    (_wire.SearchParams, "cursor"): "from the page before",
+    (_wire.SearchParams, "tools"): "tool results too",
+    (_wire.SearchParams, "scope"): "`all`: archived revisions too",
+    (_wire.SearchHit, "rootId"): "archived hits only: the pager root",
+    (_wire.SearchHit, "revision"): "archived hits only",
+    (_wire.SearchResult, "partial"): "`true`: messages are still queued for the index",
+    (_wire.SearchResult, "pending"): "messages queued for the index",
+    (_wire.SearchResult, "cursor"): "present when more hits may follow",
+    (_wire.SearchResult, "candidates"): "matches ranked (at most @@CANDIDATES@@)",
+    (_wire.SearchHit, "line"): "the message's line (in its revision, for an archived one)",
+    (_wire.SearchHit, "score"): "bm25, higher is better",
     (_wire.GetParams, "limit"): "at most this many lines, the last ones before `beforeLine`",
     (_wire.GetParams, "beforeLine"): "default `totalLines`; larger values are clamped",
     (_wire.GetParams, "displayCap"): "bytes; longer lines come back capped",
@@ -1161,6 +1311,17 @@ def _subst(text: str) -> str:
         .replace("@@LIVE_DATA@@", _mib(_limits.LIVE_DATA))
         .replace("@@DRAIN_STEP@@", _mib(_limits.DRAIN_STEP))
         .replace("@@REPLAY_CHUNK@@", _mib(_limits.REPLAY_CHUNK))
+        .replace("@@MAX_TITLE@@", f"{_wire.MAX_TITLE:,}")
+        .replace("@@MAX_META@@", f"{_wire.MAX_META:,}")
+        .replace("@@LIST_PAGE_MAX@@", f"{_wire.LIST_PAGE_MAX:,}")
+        .replace("@@LIST_PAGE@@", f"{_wire.LIST_PAGE:,}")
+        .replace("@@MAX_QUERY@@", f"{_wire.MAX_QUERY:,}")
+        .replace("@@MAX_TERMS@@", f"{_search.MAX_TERMS:,}")
+        .replace("@@SEARCH_PAGE_MAX@@", f"{_wire.SEARCH_PAGE_MAX:,}")
+        .replace("@@SEARCH_PAGE@@", f"{_wire.SEARCH_PAGE:,}")
+        .replace("@@CANDIDATES@@", f"{_search.CANDIDATES:,}")
+        .replace("@@MAX_CURSOR@@", f"{_wire.MAX_CURSOR:,}")
+        .replace("@@MAX_DOC@@", f"{_search.MAX_DOC:,}")
     )
 
 
@@ -1199,9 +1360,13 @@ def describe(t: mi.Type, nested: list[StructType]) -> tuple[str, list[str]]:
         case mi.ListType():
             item, rules = describe(t.item_type, nested)
             return f"array of {item}", [f"each item {r}" for r in rules]
+        case mi.TupleType():
+            items = [describe(i, nested)[0] for i in t.item_types]
+            return f"array `[{', '.join(items)}]`", []
         case mi.DictType():
             value, rules = describe(t.value_type, nested)
-            text = "object" if isinstance(t.value_type, mi.AnyType) else f"object of {value}"
+            opaque = isinstance(t.value_type, mi.AnyType | mi.RawType)  # kept as the caller's
+            text = "object" if opaque else f"object of {value}"
             return text, [f"each value {r}" for r in rules]
         case mi.UnionType():
             names: list[str] = []

@@ -291,6 +291,9 @@ class Sweep:
         c = self.c
         await case.build(c, sid)
         assert await state(c, sid) == old
+        # The search index has caught up (a search waits for it): nothing writes in the
+        # background while the disk is set.
+        await c.call("session.search", query="sync", scope="all")
         self.disk.leave(free)
         try:
             await c.call(case.method, sessionId=sid, **case.params)

@@ -354,6 +354,16 @@ FIELD_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "after": cursor | st.text(max_size=40) | json_values,
     "watchId": st.sampled_from(["w1", "w2", "w9999"]) | st.text(max_size=70) | json_values,
     "data": json_values,
+    # issue 35: find and organise
+    "cursor": st.text(max_size=12) | json_values,
+    "order": st.sampled_from(["updated", "created", "", "Updated"]) | json_values,
+    "pinnedFirst": st.booleans() | json_values,
+    "meta": st.dictionaries(st.text(max_size=5), json_values, max_size=3) | json_values,
+    "atMessageId": message_id,
+    "newSessionId": session_id,
+    "query": st.text(max_size=20) | json_values,
+    "scope": st.sampled_from(["active", "all", "ALL", ""]) | json_values,
+    "tools": st.booleans() | json_values,
 }
 SESSIONS = ("s1", "s2", "s3")
 TURNS = ("t1", "t2", "t3")
@@ -392,6 +402,15 @@ VALID_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "after": cursor,
     "watchId": st.sampled_from(["w1", "w2", "w3"]),
     "data": json_values,
+    "cursor": st.text(max_size=12),
+    "order": st.sampled_from(["updated", "created"]),
+    "pinnedFirst": st.booleans(),
+    "meta": st.dictionaries(st.sampled_from(["pinned", "color", "x"]), json_values, max_size=3),
+    "atMessageId": st.sampled_from(MESSAGES),
+    "newSessionId": st.sampled_from(SESSIONS),
+    "query": st.text(max_size=20),
+    "scope": st.sampled_from(["active", "all"]),
+    "tools": st.booleans(),
 }
 """Values a method accepts (ids from the pools above), to reach deep into the handlers."""
 FIELDS: dict[str, list[tuple[str, bool]]] = {

@@ -160,3 +160,22 @@ async def test_an_answer_this_client_cannot_read_fails_its_call_at_once() -> Non
         await asyncio.wait_for(call, 10.0)  # not the 600 s deadline
     reader.feed_eof()
     await client.close()
+
+
+async def test_find_and_organise_through_the_client(tmp_path: Path) -> None:
+    """issue 35: HostClient's search, paged list, update and fork against the real host."""
+    async with spawned(tmp_path / "host") as client:
+        for i in range(3):
+            await client.call("session.create", {"sessionId": f"s{i}"})
+            row = {"id": f"m{i}", "role": "user", "content": f"notes on lighthouses {i}"}
+            await client.call("session.appendMessage", {"sessionId": f"s{i}", "message": row})
+        found = await client.search("lighthouse", limit=2)
+        assert len(found["hits"]) == 2 and "cursor" in found
+        rest = await client.search("lighthouse", cursor=found["cursor"])
+        assert len(rest["hits"]) == 1
+        got = await client.update_session("s1", title="Lights", meta={"pinned": True})
+        assert got["meta"] == {"pinned": True}
+        listed = [r["sessionId"] async for r in client.list_sessions(limit=1, pinnedFirst=True)]
+        assert listed[0] == "s1" and sorted(listed) == ["s0", "s1", "s2"]
+        forked = await client.fork_session("s2", "m2", "copy")
+        assert forked == {"sessionId": "copy", "created": True, "messageCount": 1}

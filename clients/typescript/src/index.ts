@@ -28,3 +28,15 @@ export {
 } from "./watch.js";
 export { LineSplitter } from "./framing.js";
 export * from "./protocol.js";
+export {
+  forkSession,
+  highlight,
+  listSessions,
+  search,
+  updateSession,
+  type ListParams,
+  type SearchHit,
+  type SearchParams,
+  type SearchResult,
+  type SessionSummary,
+} from "./organise.js";

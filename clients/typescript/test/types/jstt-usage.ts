@@ -49,7 +49,7 @@ export function describe(response: Response): string {
 // What must not compile.
 export const notAMessage: AppendParams = { sessionId: "s", message: 42 }; // error TS2322
 export function typo(r: Result<"session.appendMessage">): unknown { return r.apended; } // error TS2551
-export const extra: Params<"session.list"> = { sessionId: "s" }; // error TS2322
+export const extra: Params<"session.list"> = { sessionId: "s" }; // error TS2353
 export const notEmpty: EmptyParams = 42; // error TS2322
 export const oldVersion: HostcoreProtocol["protocolVersion"] = 10; // error TS2322
 export const badStatus: Message = { id: "m", role: "assistant", status: "completed" }; // error TS2820

@@ -1,0 +1,74 @@
+"""An old data dir builds its search index in the background (issue 35): the host serves at
+once, a search meanwhile says it is partial, the log and ``host.stats`` tell the progress,
+and once built every message is found."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from host import _search
+from tests.host.inproc import msg, open_host
+
+
+def _as_before_search(index: Path) -> None:
+    """Make the index one from before migration 0003: no search tables, no meta columns."""
+    conn = sqlite3.connect(index, isolation_level=None)
+    names = conn.execute(
+        "SELECT type, name FROM sqlite_master WHERE type IN ('trigger', 'index', 'table')"
+        " AND (name LIKE 'search%' OR name LIKE 'sessions_%') AND sql IS NOT NULL"
+    ).fetchall()
+    for kind, name in names:
+        conn.execute(f"DROP {kind} IF EXISTS {name}")
+    for column in ("meta", "pinned", "meta_dirty"):
+        conn.execute(f"ALTER TABLE sessions DROP COLUMN {column}")
+    conn.execute("DELETE FROM migrations WHERE name = '0003-search-meta'")
+    conn.close()
+
+
+async def test_an_old_data_dir_is_searched_partially_while_it_builds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    data = str(tmp_path / "data")
+    async with open_host(data) as c:
+        for s in range(3):
+            await c("session.create", sessionId=f"s{s}")
+            for i in range(20):
+                await c(
+                    "session.appendMessage",
+                    sessionId=f"s{s}",
+                    message=msg(f"m{i}", content=f"harbour {i}"),
+                )
+    _as_before_search(tmp_path / "data" / "index.sqlite3")
+    monkeypatch.setattr(_search, "BUILD", 10)  # a build, logged, from 10 messages on
+    monkeypatch.setattr(_search, "CATCH_UP", 0)  # a search never indexes first
+    caplog.set_level(logging.INFO, logger="host.search")
+    gate, step = threading.Event(), _search.Search._step
+
+    def gated(self: Any, *args: Any) -> Any:  # the build's first batch waits for the gate
+        assert gate.wait(60)
+        return step(self, *args)
+
+    monkeypatch.setattr(_search.Search, "_step", gated)
+    async with open_host(data) as c:
+        search = c.host.search
+        got = await c("session.search", query="harbour", limit=100)
+        assert got["partial"] is True and got["pending"] == 60 and got["hits"] == []
+        stats = (await c("host.stats"))["counters"]
+        assert stats["search.pending"] == 60 and stats["search.building"] == 1
+        gate.set()
+        while not await search.work(log_progress=True):
+            pass
+        got = await c("session.search", query="harbour", limit=100)
+        assert got["partial"] is False and got["pending"] == 0 and len(got["hits"]) == 60
+        stats = (await c("host.stats"))["counters"]
+        assert stats["search.pending"] == 0 and stats["search.indexed"] == 60
+        assert stats["search.building"] == 0
+    logged = [r.getMessage() for r in caplog.records]
+    assert "search index: 60 message(s) to index" in logged, logged
+    assert any(m.startswith("search index: built (60 message(s) in") for m in logged), logged
