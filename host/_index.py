@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import aiosqlite
+import msgspec
+from msgspec import Raw
 
 from host._fs import FileSystem
 from host._transcript import FileStamp
@@ -115,6 +117,24 @@ class Row(NamedTuple):
     turn_id: str | None
     status: str
     pager: str | None
+
+
+class MetaRow(NamedTuple):
+    """A session's title and ``meta`` as the index keeps them (``meta`` JSON text)."""
+
+    title: str | None
+    meta: str | None
+    pinned: int
+    session_id: str
+
+    @classmethod
+    def of(cls, session_id: str, title: str | None, meta: dict[str, Raw] | None) -> MetaRow:
+        pinned = int(meta is not None and bytes(meta.get("pinned", b"")) == b"true")
+        text = None if meta is None else _ENC.encode(meta).decode("utf-8", "surrogatepass")
+        return cls(title, text, pinned, session_id)
+
+
+_ENC = msgspec.json.Encoder()
 
 
 @dataclass(slots=True)
@@ -637,6 +657,23 @@ class Index:
         """
         async with self.transaction(durable=True) as db:
             await db.execute("UPDATE sessions SET dirty = 1 WHERE session_id = ?", (session_id,))
+
+    async def mark_meta(self, session_id: str) -> None:
+        """Record, durably, that ``meta.json`` is about to be replaced: a start that finds
+        the mark reads the file again (the row's title and ``meta`` may not be the file's)."""
+        async with self.transaction(durable=True) as db:
+            await db.execute(
+                "UPDATE sessions SET meta_dirty = 1 WHERE session_id = ?", (session_id,)
+            )
+
+    async def set_meta(self, rows: Iterable[MetaRow]) -> None:
+        """Record sessions' title and ``meta`` as their ``meta.json`` holds them now."""
+        async with self.transaction() as db:
+            await db.executemany(
+                "UPDATE sessions SET title = ?, meta = ?, pinned = ?, meta_dirty = 0"
+                " WHERE session_id = ?",
+                list(rows),
+            )
 
     async def _rollback(self) -> None:
         if self._conn.in_transaction:

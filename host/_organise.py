@@ -22,17 +22,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-from msgspec import UNSET, Raw, Struct, structs
+from msgspec import UNSET, Raw, structs
 
 from host._errors import Conflict, InvalidParams, LimitExceeded, NotFound
 from host._fs import on_thread, read_regular
-from host._index import RowCache, SessionRow, now_iso
+from host._index import MetaRow
 from host._locks import Method
 from host._search import Search
-from host._session import Session
-from host._store import Registry
+from host._store import Fork, MetaFile, Registry
 from host._surrogates import decode
-from host._transcript import FileStamp
 from host._wire import (
     LIST_PAGE,
     MAX_META,
@@ -47,14 +45,6 @@ from host._wire import (
 )
 
 _ENC = msgspec.json.Encoder()
-
-
-class MetaFile(Struct, omit_defaults=True):
-    """``sessions/<id>.meta.json``: what a rebuilt index takes title and ``meta`` from."""
-
-    title: str | None = None
-    createdAt: str | None = None
-    meta: dict[str, Raw] | None = None
 
 
 _META_FILE = msgspec.json.Decoder(MetaFile)
@@ -72,22 +62,6 @@ def _read_meta(path: str) -> tuple[bytes | None, MetaFile]:
         return data, MetaFile()
 
 
-def _meta_row(sid: str, title: str | None, meta: Any) -> tuple[Any, ...]:
-    pinned = int(meta is not None and bytes(meta.get("pinned", b"")) == b"true")
-    text = None if meta is None else _ENC.encode(meta).decode("utf-8", "surrogatepass")
-    return title, text, pinned, sid
-
-
-_SET_META = (
-    "UPDATE sessions SET title = ?, meta = ?, pinned = ?, meta_dirty = 0 WHERE session_id = ?"
-)
-
-
-async def _set_meta(registry: Registry, sid: str, title: str | None, meta: Any) -> None:
-    """Record title and ``meta`` in the index, as ``meta.json`` now holds them."""
-    await registry.index.execute(_SET_META, _meta_row(sid, title, meta))
-
-
 class Organise:
     """``session.list``, ``session.update`` and ``session.fork``."""
 
@@ -101,16 +75,14 @@ class Organise:
         rows = await self.search.read("SELECT session_id FROM sessions WHERE meta_dirty = 1")
         meta = self.registry.layout.meta
 
-        def read_all() -> list[tuple[Any, ...]]:
+        def read_all() -> list[MetaRow]:
             return [
-                _meta_row(sid, m.title, m.meta)
+                MetaRow.of(sid, m.title, m.meta)
                 for (sid,) in rows
                 for m in [_read_meta(meta(sid))[1]]
             ]
 
-        done = await on_thread(read_all)
-        async with self.registry.index.transaction() as db:
-            await db.executemany(_SET_META, done)
+        await self.registry.index.set_meta(await on_thread(read_all))
         return len(rows)
 
     # -- session.list ---------------------------------------------------------------
@@ -168,11 +140,9 @@ class Organise:
 
     async def update(self, p: UpdateSessionParams) -> UpdateSessionResult:
         """Set the title, merge ``meta`` (the call holds its session)."""
-        registry, sid = self.registry, p.session_id
-        await registry.open(sid)  # NotFound, or reconciled
-        path = registry.layout.meta(sid)
-        old_bytes, old = await on_thread(_read_meta, path)
-        row = await registry.index.session(sid)
+        s = await self.registry.open(p.session_id)  # NotFound, or reconciled
+        old_bytes, old = await on_thread(_read_meta, self.registry.layout.meta(s.id))
+        row = await s.row()
         assert row is not None
         title = row.title if p.title is UNSET else p.title
         meta = dict(old.meta or {})
@@ -190,18 +160,15 @@ class Organise:
         new = _ENC.encode(MetaFile(title, old.createdAt or row.created_at, new_meta))
         changed = new != old_bytes or title != row.title
         if changed:
-            async with registry.index.transaction(durable=True) as db:  # a cut: read again
-                await db.execute("UPDATE sessions SET meta_dirty = 1 WHERE session_id = ?", (sid,))
-            await on_thread(registry.fs.write_atomic, path, new)
-            await _set_meta(registry, sid, title, new_meta)
-        return UpdateSessionResult(session_id=sid, title=title, meta=new_meta, changed=changed)
+            await s.write_meta(new, MetaRow.of(s.id, title, new_meta))
+        return UpdateSessionResult(session_id=s.id, title=title, meta=new_meta, changed=changed)
 
     # -- session.fork ---------------------------------------------------------------
 
     async def fork(self, p: ForkParams) -> ForkResult:
         """A new session of the lines up to ``atMessageId`` (the call holds the source,
         the new id and its case twins)."""
-        registry, layout, fs = self.registry, self.registry.layout, self.registry.fs
+        registry, layout = self.registry, self.registry.layout
         src, new = p.session_id, p.new_session_id
         assert isinstance(new, str)
         s = await registry.open(src)
@@ -216,40 +183,13 @@ class Organise:
             raise Conflict(f"session {new!r} exists", sessionId=new)
         if (twin := await registry.case_twin(new)) or os.path.lexists(layout.transcript(new)):
             raise Conflict(f"session {twin or new!r} exists on disk", sessionId=twin or new)
-        rows = await s.rows(0, at.line + 1)
-        src_row = await registry.index.session(src)
-        assert src_row is not None
-        now, title, meta = now_iso(), src_row.title, {"forkedFrom": Raw(forked)}
-        meta_file = _ENC.encode(MetaFile(title, now, meta))
-        end = at.offset + at.length + 1
-
-        def make_files() -> FileStamp:
-            tmp = ""
-            try:
-                fs.unlink(layout.intent(new))  # a deleted session's (its removal failed)
-                fs.write_atomic(layout.meta(new), meta_file)
-                registry.turnlog.create(new)
-                tmp = os.path.join(layout.sessions, s.file.prepare([(0, end)]))
-                fs.rename(tmp, layout.transcript(new))
-                fs.fsync_dir(layout.sessions)  # the commit
-            except BaseException:
-                if tmp:
-                    fs.unlink(tmp)
-                registry.remove_files(new)  # before the commit: nothing was made
-                raise
-            return FileStamp.of(os.stat(layout.transcript(new)))
-
-        st = await on_thread(make_files)
-        made = registry.sessions[new] = Session(new, registry)
-        try:
-            # No file stamp yet: a row made from the files, its meta read again at a start
-            # (search_sql's trigger) until _set_meta records it; replace_rows stamps it.
-            await registry.index.create_session(SessionRow(new, title, now, now, 0, 0, 0, 0))
-            await registry.index.replace_rows(RowCache(new), rows, st, len(rows), now)
-            await _set_meta(registry, new, title, meta)
-        except Exception:  # made: indexed from its files before it is served
-            made.lags()
-        return ForkResult(session_id=new, created=True, message_count=len(rows))
+        row = await s.row()
+        assert row is not None
+        fork = Fork(
+            s, at.offset + at.length + 1, await s.rows(0, at.line + 1), {"forkedFrom": Raw(forked)}
+        )
+        await registry.create(new, row.title, fork)
+        return ForkResult(session_id=new, created=True, message_count=len(fork.rows))
 
 
 _END = "\uffff"  # past every timestamp and id: a page from the start

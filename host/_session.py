@@ -26,7 +26,7 @@ from host._archive import Archive
 from host._checkpoints import Checkpoint
 from host._errors import StorageError
 from host._fs import on_thread
-from host._index import Row, RowCache, now_iso
+from host._index import MetaRow, Row, RowCache, SessionRow, now_iso
 from host._intents import Change
 from host._messages import Message, display_capped, pager_json, valid_line
 from host._recovery import quarantine, reconcile
@@ -94,6 +94,17 @@ class Session:
 
     def next_user_line(self, after: int) -> Coroutine[Any, Any, int | None]:
         return self.registry.index.next_user_line(self.id, after)
+
+    def row(self) -> Coroutine[Any, Any, SessionRow | None]:
+        return self.registry.index.session(self.id)
+
+    async def write_meta(self, data: bytes, row: MetaRow) -> None:
+        """Replace its ``meta.json`` with ``data`` (title and ``meta`` as ``row``): the
+        index row marked first, synced, so a start after a cut reads the file again."""
+        registry = self.registry
+        await registry.index.mark_meta(self.id)
+        await on_thread(registry.fs.write_atomic, registry.layout.meta(self.id), data)
+        await registry.index.set_meta([row])
 
     # -- reads ----------------------------------------------------------------------
 

@@ -14,19 +14,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import shutil
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
+
+import msgspec
+from msgspec import Raw, Struct
 
 from host._archive import Archive
 from host._checkpoints import Checkpoints
 from host._errors import NotFound
 from host._fs import FileSystem, on_thread
-from host._index import Index, RowCache, SessionRow, now_iso
+from host._index import Index, MetaRow, Row, RowCache, SessionRow, now_iso
 from host._intents import Intents, OlderIntent
 from host._layout import Layout, UnsafeFolder
 from host._limits import OPEN_TRANSCRIPTS
@@ -68,6 +71,28 @@ class FsyncPolicy:
     def note(self, seconds: float) -> None:
         """Count a durable write whose latency (its time less its bytes') was ``seconds``."""
         self.average += (seconds - self.average) / 8
+
+
+class MetaFile(Struct, omit_defaults=True):
+    """``sessions/<id>.meta.json``: what a rebuilt index takes title and ``meta`` from."""
+
+    title: str | None = None
+    createdAt: str | None = None
+    meta: dict[str, Raw] | None = None
+
+
+_META_FILE = msgspec.json.Encoder()
+
+
+@dataclass(frozen=True, slots=True)
+class Fork:
+    """What ``session.fork`` makes a new session of: its source's first lines, byte for
+    byte (``end`` bytes, their ``rows``), and the new session's ``meta``."""
+
+    source: Session
+    end: int
+    rows: list[Row]
+    meta: dict[str, Raw]
 
 
 class Registry:
@@ -211,9 +236,14 @@ class Registry:
         """Every session, most recently written first."""
         return [r for r in await self.index.sessions() if r.session_id in self.sessions]
 
-    async def create(self, sid: str, title: str | None) -> bool:
+    async def create(self, sid: str, title: str | None, fork: Fork | None = None) -> bool:
         """Create a session durably; ``False`` when there is one (a retry, or a transcript
-        copied in while the host runs: the file is the truth, indexed as start would)."""
+        copied in while the host runs: the file is the truth, indexed as start would).
+
+        Its files are made first, its transcript last: the commit (a new empty file, or
+        ``fork``'s copy of its source's first lines renamed into place). A start removes
+        the files of a session without a transcript, so a cut leaves none or all of it.
+        """
         if sid in self.sessions:
             return False
         layout, fs = self.layout, self.fs
@@ -223,29 +253,41 @@ class Registry:
             await reconcile(self, sid, full=True)
             self.sessions[sid] = Session(sid, self)
             return False
-        now = now_iso()
-        meta = json.dumps({"title": title, "createdAt": now}).encode()
+        now, meta = now_iso(), None if fork is None else fork.meta
+        meta_file = _META_FILE.encode(MetaFile(title, now, meta))
+
+        def transcript() -> FileStamp:
+            if fork is None:
+                t = Transcript.create(fs, layout.transcript(sid))
+                try:
+                    return t.stamp()
+                finally:
+                    t.close()
+            tmp = os.path.join(layout.sessions, fork.source.file.prepare([(0, fork.end)]))
+            fs.rename(tmp, layout.transcript(sid))  # a copy left by a failure: the start's sweep
+            fs.fsync_dir(layout.sessions)
+            return FileStamp.of(os.stat(layout.transcript(sid)))
 
         def make_files() -> FileStamp:
             try:
                 fs.unlink(layout.intent(sid))  # a deleted session's (its removal failed)
-                fs.write_atomic(layout.meta(sid), meta)
+                fs.write_atomic(layout.meta(sid), meta_file)
                 self.turnlog.create(sid)  # its name made durable with the transcript's
-                t = Transcript.create(fs, layout.transcript(sid))  # the commit
+                return transcript()  # the commit
             except BaseException:
                 self.remove_files(sid)  # before the commit: nothing was made
                 raise
-            try:
-                return t.stamp()
-            finally:
-                t.close()
 
         st = await on_thread(make_files)
         s = self.sessions[sid] = Session(sid, self)
         try:
-            await self.index.create_session(
-                SessionRow(sid, title, now, now, 0, 0, st.ino, st.mtime_ns)
-            )
+            if fork is None:
+                row = SessionRow(sid, title, now, now, 0, 0, st.ino, st.mtime_ns)
+                await self.index.create_session(row)
+            else:  # no stamp: a row made from the files, its meta read again at a start
+                await self.index.create_session(SessionRow(sid, title, now, now, 0, 0, 0, 0))
+                await self.index.replace_rows(s.cache, fork.rows, st, len(fork.rows), now)
+                await self.index.set_meta([MetaRow.of(sid, title, meta)])
         except Exception as exc:  # made: indexed from its files before it is served
             log.error("session %s: created, its index row not: %s", sid, exc)
             s.lags()
