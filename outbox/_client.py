@@ -453,9 +453,12 @@ class HostClient:
                             {"jsonrpc": "2.0", "method": "$/cancelRequest", "params": {"id": rid}}
                         )
             raise CallTimeout(f"batch of {len(ids)} got no full answer within its deadline")
+        failed = [e for e in (f.exception() for f in futs) if e is not None]  # each one read
+        if failed:  # HostGone if the host died; an answer this client cannot read
+            raise failed[0]
         out: list[Any] = []
         for fut in futs:
-            reply = fut.result()  # HostGone if the host died
+            reply = fut.result()
             out.append(RemoteError(reply["error"]) if "error" in reply else reply.get("result"))
         return out
 

@@ -9,6 +9,7 @@ with a clear error, never after their whole deadline.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 from pathlib import Path
@@ -86,9 +87,14 @@ async def test_a_batch_answer_that_cannot_be_read_fails_every_call_of_the_batch(
     await until(lambda: len(writer.lines) == 1, "the batch to be sent")
     first, second = (item["id"] for item in writer.lines[0])
     line = b"[%s,%s]\n" % (answer(first, DEEP), answer(second, b"{}"))
+    told: list[dict[str, Any]] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _loop, context: told.append(context))
     reader.feed_data(line)
     with pytest.raises(ClientError, match="cannot be read"):
         await asyncio.wait_for(batch, 10.0)
+    del batch
+    gc.collect()  # a failed call's future nobody read is reported when it is collected
+    assert told == [], "every call of the batch failed, and each failure was read"
     reader.feed_eof()
     await client.close()
 
