@@ -198,7 +198,13 @@ _END = "\uffff"  # past every timestamp and id: a page from the start
 def _position(cursor: str, order: str, pinned_first: bool) -> tuple[int | None, str, str]:
     try:
         o, pf, phase, key, sid = json.loads(base64.urlsafe_b64decode(cursor.encode()))
-        if (o, pf) == (order, pinned_first) and isinstance(key, str) and isinstance(sid, str):
+        f"{key}{sid}".encode()  # no lone surrogate (UnicodeEncodeError: a ValueError)
+        if (
+            (o, pf) == (order, pinned_first)
+            and phase in ((1, 0) if pinned_first else (None,))
+            and isinstance(key, str)
+            and isinstance(sid, str)
+        ):
             return phase, key, sid
     except (ValueError, TypeError):
         pass

@@ -34,6 +34,7 @@ import re
 import sqlite3
 import threading
 import time
+import unicodedata
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO, TypeVar
@@ -42,7 +43,7 @@ import msgspec
 
 from host._archive import Archive
 from host._errors import InvalidParams, LimitExceeded
-from host._fs import on_thread, read_regular
+from host._fs import on_thread, open_regular, read_regular
 from host._index import Index, connect_read_only
 from host._layout import Layout
 from host._surrogates import decode
@@ -226,17 +227,39 @@ def parse_query(query: str) -> Query:
     return q
 
 
+class _Fold(dict[int, str]):
+    """``str.translate``'s table for :func:`fold` (the BMP's characters kept once made)."""
+
+    def __missing__(self, cp: int) -> str:
+        c = chr(cp)
+        low = c.lower()
+        bare = "".join(x for x in unicodedata.normalize("NFD", low) if not unicodedata.combining(x))
+        out = bare if len(bare) == 1 else low if len(low) == 1 else c
+        if cp < 0x10000:
+            self[cp] = out
+        return out
+
+
+_FOLD = _Fold()
+
+
+def fold(text: str) -> str:
+    """``text`` as the index compares it (lower case, diacritics dropped: ``unicode61``'s
+    folding), one character for each: offsets into it are offsets into ``text``."""
+    return text.lower() if text.isascii() else text.translate(_FOLD)
+
+
 def snippet(text: str, q: Query) -> Snippet:
     """Plain text around the first match, with ``[start, end)`` code-point ranges of the
     matches in it (overlaps merged)."""
-    low = text.lower() if len(text.lower()) == len(text) else text
-    first = min((i for t in q.marks if (i := low.find(t)) >= 0), default=0)
+    low = fold(text)
+    first = min((i for t in map(fold, q.marks) if (i := low.find(t)) >= 0), default=0)
     start = max(0, min(first - SNIPPET // 4, len(text) - SNIPPET))
     end = min(len(text), start + SNIPPET)
     lead, tail = ("…" if start > 0 else ""), ("…" if end < len(text) else "")
     body = "".join(" " if c in "\n\r\t" else c for c in text[start:end])
     window, spans = low[start:end], []
-    for t in q.marks:
+    for t in map(fold, q.marks):
         i = window.find(t)
         while i >= 0:
             spans.append((i + len(lead), min(i + len(t), end - start) + len(lead)))
@@ -250,15 +273,17 @@ def snippet(text: str, q: Query) -> Snippet:
     return Snippet(text=lead + body + tail, ranges=merged)
 
 
-def _cursor(position: int) -> str:
-    return base64.urlsafe_b64encode(f"search:{position}".encode()).decode()
+def _cursor(position: int, ceiling: int) -> str:
+    return base64.urlsafe_b64encode(f"search:{position}:{ceiling}".encode()).decode()
 
 
-def _position(cursor: str) -> int:
+def _position(cursor: str) -> tuple[int, int]:
+    """A cursor's position among the candidates, and the newest document they were
+    ranked from (the first page's)."""
     with contextlib.suppress(ValueError):
-        kind, _, n = base64.urlsafe_b64decode(cursor.encode()).decode().partition(":")
-        if kind == "search" and n.isdigit() and int(n) <= 2 * CANDIDATES:
-            return int(n)
+        kind, n, ceiling = base64.urlsafe_b64decode(cursor.encode()).decode().split(":")
+        if kind == "search" and n.isdigit() and ceiling.isdigit() and int(n) <= CANDIDATES:
+            return int(n), int(ceiling)
     raise InvalidParams("cursor is not one a session.search answer gave")
 
 
@@ -290,25 +315,30 @@ _ARCHIVED = (
 )
 
 
-def _rank(conn: sqlite3.Connection, q: Query, p: SearchParams) -> list[tuple[Any, ...]]:
-    """Candidates best first: ``(bm25, tools, session, message, line, offset, length, doc,
-    root, revision, payload file)`` (bm25: lower is better; ties: the most recently
-    indexed first; root, revision and file: an archived line's)."""
+def _rank(
+    conn: sqlite3.Connection, q: Query, p: SearchParams, ceiling: int
+) -> list[tuple[Any, ...]]:
+    """Candidates best first, at most :data:`CANDIDATES`: ``(bm25, tools, session, message,
+    line, offset, length, doc, root, revision, payload file)`` (bm25: lower is better;
+    ties: the most recently indexed first; root, revision and file: an archived line's),
+    ranked from the most recent matches of documents up to ``ceiling``."""
     tables = ["search_text", *(["search_tools"] if p.tools else [])]
     out: list[tuple[Any, ...]] = []
     for table in [*tables, *(["search_archive"] if p.scope == "all" else [])]:
-        if isinstance(p.session_id, str):  # every match of the session
+        if isinstance(p.session_id, str):  # the session's documents, each looked up
             pool = (
                 f"SELECT d.doc, bm25({table}) AS r FROM search_docs d CROSS JOIN {table}"
                 f" ON {table}.rowid = d.doc WHERE d.session_id = ? AND {table} MATCH ?"
+                " AND d.doc <= ? ORDER BY d.doc DESC LIMIT ?"
             )
-            args: list[Any] = [p.session_id, q.fts]
-        else:  # the most recent CANDIDATES matches
+            args: list[Any] = [p.session_id, q.fts, ceiling, CANDIDATES]
+        else:  # the matches, newest first; a document gone since (its words stay) skipped
             pool = (
                 f"SELECT rowid AS doc, bm25({table}) AS r FROM {table} WHERE {table} MATCH ?"
-                " ORDER BY rowid DESC LIMIT ?"
+                f" AND rowid <= ? AND EXISTS (SELECT 1 FROM search_docs x WHERE x.doc ="
+                f" {table}.rowid) ORDER BY rowid DESC LIMIT ?"
             )
-            args = [q.fts, CANDIDATES]
+            args = [q.fts, ceiling, CANDIDATES]
         tail, more = (_ARCHIVED, [int(p.tools)]) if table == "search_archive" else (_ACTIVE, [])
         out += conn.execute(
             f"WITH c AS MATERIALIZED ({pool}) SELECT c.r, d.tools, d.session_id, d.message_id,"
@@ -316,7 +346,7 @@ def _rank(conn: sqlite3.Connection, q: Query, p: SearchParams) -> list[tuple[Any
             [*args, *more],
         ).fetchall()
     out.sort(key=lambda c: (c[0], -c[7]))
-    return out
+    return out[:CANDIDATES]
 
 
 def _hits(
@@ -360,9 +390,10 @@ def _hits(
 def _read_archived(
     layout: Layout, payloads: dict[str, list[bytes]], sid: str, root: str, file: str, line: int
 ) -> tuple[str, str, str, str] | None:
-    """The texts of line ``line`` of an archived payload (read once a call)."""
+    """The texts of line ``line`` of an archived payload (the last one read is kept)."""
     path = os.path.join(layout.revisions(sid), root, file)
     if path not in payloads:
+        payloads.clear()  # one payload held at a time
         try:
             payloads[path] = read_regular(path).split(b"\n")
         except OSError:
@@ -381,7 +412,7 @@ def _read_line(
             os.close(fd)
         fds.clear()
         try:
-            fds[sid] = os.open(layout.transcript(sid), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fds[sid] = open_regular(layout.transcript(sid))  # not a FIFO planted there
         except OSError:
             return None
     data = os.pread(fds[sid], length + 1, offset)
@@ -516,7 +547,6 @@ class Search:
         last = rows[-1][0]  # (in queue order)
         items: dict[tuple[str, str], list[Any]] = {}  # -> [seqs, offset, length, docs]
         for seq, sid, mid, offset, length in sorted(rows, key=lambda r: (r[1], r[0])):
-            self._archived.add(sid)  # a delete, a cut: its archives may have gone too
             item = items.setdefault((sid, mid), [[], None, None, None])
             item[0].append(seq)
             item[1], item[2] = offset, length
@@ -557,6 +587,8 @@ class Search:
         except BaseException:
             conn.execute("ROLLBACK")
             raise
+        for (seq,) in done:
+            self._tries.pop(seq, None)
         return len(rows), last, made, left
 
     def _sync_archive(self, conn: sqlite3.Connection, sid: str) -> None:
@@ -571,26 +603,24 @@ class Search:
             have.setdefault((root, file), []).append(doc)
         new: list[tuple[Any, ...]] = []
         live: set[tuple[str, str]] = set()
-        with contextlib.suppress(Exception):  # unreadable: not searched (verify says why)
-            for root in self.archive.root_ids(sid):
-                with contextlib.suppress(Exception):
-                    for rev in self.archive.manifest(sid, root):
-                        live.add((root, rev.file))
-                        if (root, rev.file) in have:
-                            continue
-                        at = (root, rev.revision, rev.file)
-                        for line, data in enumerate(self.archive.read(sid, root, rev)):
-                            mid, _, *both = texts(data) or ("", "", "", "")
-                            new += [
-                                (sid, mid, k, digest(t), *at, line, fts_text(t))
-                                for k, t in enumerate(both)
-                                if t
-                            ]
-        gone = [(d,) for key in have.keys() - live for d in have[key]]
-        if not gone and not new:
-            return
+        for root, rev in self._revisions(sid):
+            live.add((root, rev.file))
+            if (root, rev.file) in have:
+                continue
+            at = (root, rev.revision, rev.file)
+            with contextlib.suppress(Exception):  # unreadable: not searched
+                for line, data in enumerate(self.archive.read(sid, root, rev)):
+                    mid, _, *both = texts(data) or ("", "", "", "")
+                    new += [
+                        (sid, mid, k, digest(t), *at, line, fts_text(t))
+                        for k, t in enumerate(both)
+                        if t
+                    ]
         conn.execute("BEGIN IMMEDIATE")
         try:
+            if not conn.execute("SELECT 1 FROM sessions WHERE session_id = ?", (sid,)).fetchone():
+                live, new = set(), []  # deleted meanwhile: its documents went with its row
+            gone = [(d,) for key in have.keys() - live for d in have[key]]
             conn.executemany("DELETE FROM search_docs WHERE doc = ?", gone)
             for row in new:
                 cur = conn.execute(
@@ -606,6 +636,16 @@ class Search:
         except BaseException:
             conn.execute("ROLLBACK")
             raise
+
+    def _revisions(self, sid: str) -> list[tuple[str, Any]]:
+        """``(root, revision)`` of every revision the session's manifests name (a root
+        whose manifest cannot be read: none of it)."""
+        out: list[tuple[str, Any]] = []
+        with contextlib.suppress(Exception):
+            for root in self.archive.root_ids(sid):
+                with contextlib.suppress(Exception):
+                    out += [(root, rev) for rev in self.archive.manifest(sid, root)]
+        return out
 
     async def rebuild(self) -> None:
         """Make the search index again from the transcripts (``verify --repair``)."""
@@ -629,20 +669,23 @@ class Search:
     async def search(self, p: SearchParams) -> SearchResult:
         """Answer ``session.search``."""
         q = parse_query(p.query)
-        pos = _position(p.cursor) if isinstance(p.cursor, str) else 0
+        if isinstance(p.cursor, str):
+            _position(p.cursor)  # a bad one is refused before any work
         await self.index.settle()  # every answered append is queued
         pending = await on_thread(self._db("search").run, _count)
         archives = p.scope == "all" and (self._archived or self._syncing) and not self.building
         if self.runs and (0 < pending <= CATCH_UP or archives):
             await self.work(limit=CATCH_UP)
             pending = self.pending
-        return await on_thread(_answer, self._db("search"), self.layout, q, p, pos, pending)
+        return await on_thread(_answer, self._db("search"), self.layout, q, p, pending)
 
 
-def _answer(
-    db: Db, layout: Layout, q: Query, p: SearchParams, pos: int, pending: int
-) -> SearchResult:
-    cands = db.run(lambda c: _rank(c, q, p))
+def _answer(db: Db, layout: Layout, q: Query, p: SearchParams, pending: int) -> SearchResult:
+    if isinstance(p.cursor, str):
+        pos, ceiling = _position(p.cursor)
+    else:
+        pos, ceiling = 0, db.run(_newest)
+    cands = db.run(lambda c: _rank(c, q, p, ceiling))
     limit = p.limit if isinstance(p.limit, int) else SEARCH_PAGE
     hits, pos = _hits(layout, q, cands, pos, limit)
     return SearchResult(
@@ -650,8 +693,14 @@ def _answer(
         partial=pending > 0,
         pending=pending,
         candidates=len(cands),
-        cursor=_cursor(pos) if pos < len(cands) else msgspec.UNSET,
+        cursor=_cursor(pos, ceiling) if pos < len(cands) else msgspec.UNSET,
     )
+
+
+def _newest(conn: sqlite3.Connection) -> int:
+    """The newest document's number (a search's first page ranks up to it, its later
+    pages too: what is indexed meanwhile does not move them)."""
+    return int(conn.execute("SELECT coalesce(max(doc), 0) FROM search_docs").fetchone()[0])
 
 
 def _count(conn: sqlite3.Connection) -> int:
@@ -733,7 +782,7 @@ def search_command(
     )
     db = Db(connect_read_only(layout.index))
     try:
-        result = _answer(db, layout, parse_query(query), p, 0, db.run(_count))
+        result = _answer(db, layout, parse_query(query), p, db.run(_count))
     except HostError as exc:
         print(f"python -m host search: {exc.message}", file=sys.stderr)
         return 2
@@ -758,6 +807,10 @@ def check(layout: Layout, out: TextIO) -> int:
     conn = connect_read_only(layout.index)
     try:
         queued = set(conn.execute("SELECT session_id, message_id FROM search_queue").fetchall())
+        orphans = conn.execute(
+            "SELECT DISTINCT session_id FROM search_docs d WHERE NOT EXISTS"
+            " (SELECT 1 FROM sessions s WHERE s.session_id = d.session_id)"
+        ).fetchall()
         docs: dict[tuple[str, str], set[tuple[int, int]]] = {}
         for sid, mid, tools, dig in conn.execute(
             "SELECT session_id, message_id, tools, digest FROM search_docs WHERE root_id IS NULL"
@@ -778,7 +831,9 @@ def check(layout: Layout, out: TextIO) -> int:
                 os.close(fd)
     finally:
         conn.close()
-    problems = 0
+    for (sid,) in orphans:
+        print(f"{sid}: search documents of a session that does not exist", file=out)
+    problems = len(orphans)
     for key in sorted((set(want) | set(docs)) - queued):
         if want.get(key, set()) != docs.get(key, set()):
             problems += 1

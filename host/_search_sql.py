@@ -21,7 +21,8 @@ the code that uses the index.
   changed or deleted message's document row goes, its words stay in the contentless table
   as dead entries that no search shows, until the search index is rebuilt.
 - ``search_queue``: messages whose documents must be (re)made, filled by triggers on
-  ``messages`` in the rows' own transaction, so a power cut takes rows and queue back
+  ``messages`` in the rows' own transaction (a session's row removed takes its documents,
+  archived ones too, in its transaction), so a power cut takes rows and queue back
   together; an index from before this migration queues every message (a background build).
 """
 
@@ -72,6 +73,9 @@ MIGRATION = (
     CREATE TRIGGER search_row_changed AFTER UPDATE OF message_id, length ON messages BEGIN
         INSERT INTO search_queue (session_id, message_id) VALUES (OLD.session_id, OLD.message_id);
         INSERT INTO search_queue (session_id, message_id) VALUES (NEW.session_id, NEW.message_id);
+    END;
+    CREATE TRIGGER search_session_removed AFTER DELETE ON sessions BEGIN
+        DELETE FROM search_docs WHERE session_id = OLD.session_id;
     END;
     INSERT INTO search_queue (session_id, message_id)
         SELECT session_id, message_id FROM messages ORDER BY session_id, line;

@@ -1126,8 +1126,8 @@ class Chaos:
         try:
             verify = asyncio.create_task(run_verify(host_dir))
             self.producer_files.run(self.report, kill, checkpoints_settled=True)
-            listed = await client.call("session.list", {}, timeout=WAIT)
-            sids = sorted({s["sessionId"] for s in listed["sessions"]} | set(track.durable))
+            listed = [s["sessionId"] async for s in client.list_sessions(timeout=WAIT)]
+            sids = sorted({*listed, *track.durable})
             for sid in sids:
                 rows = await read_all(client, sid) or []
                 revs = await archives(client, sid, rows)

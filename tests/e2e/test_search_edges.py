@@ -1,0 +1,200 @@
+"""Search and list edges a review of issue 35 found, each red on its first merge (a7fcfdb):
+forged cursors, dead documents taking the candidates' places, a deleted session's archived
+documents, a FIFO at a transcript, pages moved by new messages, snippets that missed a
+match folded by case or diacritics."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from typing import Any
+
+import pytest
+
+from tests.conftest import Client, RpcError, msg
+
+
+async def _indexed(client: Client) -> None:
+    for _ in range(600):
+        if (await client.call("host.stats"))["counters"]["search.pending"] == 0:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("the search index never caught up")
+
+
+async def _refused(client: Client, method: str, name: str, **params: Any) -> RpcError:
+    with pytest.raises(RpcError) as info:
+        await client.call(method, **params)
+    assert info.value.name == name, info.value.error
+    return info.value
+
+
+async def test_list_cursor_with_a_lone_surrogate_is_invalid_params(client: Client) -> None:
+    for i in range(3):
+        await client.call("session.create", sessionId=f"s{i}")
+    raw = '["updated", false, null, "\\ud800", "x"]'
+    cursor = base64.urlsafe_b64encode(raw.encode()).decode()
+    await _refused(client, "session.list", "INVALID_PARAMS", cursor=cursor)
+
+
+async def test_list_cursor_with_a_phase_of_another_type_is_invalid_params(client: Client) -> None:
+    await client.call("session.create", sessionId="s0")
+    raw = json.dumps(["updated", False, {"a": 1}, "k", "x"])
+    cursor = base64.urlsafe_b64encode(raw.encode()).decode()
+    await _refused(client, "session.list", "INVALID_PARAMS", cursor=cursor)
+
+
+@pytest.mark.timeout(300)
+async def test_search_pages_past_4000_candidates_in_one_session(client: Client) -> None:
+    n = 2_101
+    await client.call("session.create", sessionId="big")
+    await client.call(
+        "session.replaceMessages",
+        sessionId="big",
+        messages=[msg(f"m{i}", content="common word") for i in range(n)],
+    )
+    await _indexed(client)
+    seen, cursor = 0, None
+    while True:
+        params: dict[str, Any] = {"query": "common", "limit": 100, "sessionId": "big"}
+        if cursor:
+            params["cursor"] = cursor
+        page = await client.call("session.search", **params)
+        seen += len(page["hits"])
+        cursor = page.get("cursor")
+        if not cursor:
+            break
+    assert seen == 2_000  # the most recent CANDIDATES matches of the session
+
+
+@pytest.mark.timeout(300)
+async def test_dead_documents_hide_a_live_match(client: Client) -> None:
+    """Words of changed or deleted messages stay in the contentless FTS tables and still
+    take places among the CANDIDATES most recent matches."""
+    await client.call("session.create", sessionId="a")
+    await client.call("session.appendMessage", sessionId="a", message=msg("keep", content="needle"))
+    await client.call("session.create", sessionId="b")
+    await client.call(
+        "session.replaceMessages",
+        sessionId="b",
+        messages=[msg(f"m{i}", content=f"needle {i}") for i in range(2_001)],
+    )
+    await _indexed(client)
+    await client.call("session.delete", sessionId="b")
+    await _indexed(client)
+    got = await client.call("session.search", query="needle")
+    assert [h["messageId"] for h in got["hits"]] == ["keep"], got
+
+
+async def test_a_deleted_sessions_archived_documents_go(client: Client, data_dir: Any) -> None:
+    """A session whose active transcript is empty but whose archive is not: its delete
+    queues no row, so no archive sync runs, and its archived documents stay."""
+    import sqlite3
+
+    await client.call("session.create", sessionId="r")
+    await client.call("session.appendMessage", sessionId="r", message=msg("u1", content="ask"))
+    old = msg("a1", "assistant", "first answer about walruses")
+    await client.call("session.appendMessage", sessionId="r", message=old)
+    await client.call("session.truncateFrom", sessionId="r", fromMessageId="a1")
+    await client.call("session.deleteMessages", sessionId="r", messageIds=["u1"])
+    (hit,) = (await client.call("session.search", query="walrus", scope="all"))["hits"]
+    assert hit["rootId"] == "u1"
+    await client.call("session.delete", sessionId="r")
+    await client.call("session.create", sessionId="other")
+    await client.call("session.appendMessage", sessionId="other", message=msg("x"))
+    await client.call("session.search", query="walrus", scope="all")
+    await _indexed(client)
+    conn = sqlite3.connect(f"file:{data_dir / 'index.sqlite3'}?mode=ro", uri=True)
+    left = conn.execute("SELECT count(*) FROM search_docs WHERE session_id = 'r'").fetchone()[0]
+    conn.close()
+    # they come back as candidates when the id is used again
+    await client.call("session.create", sessionId="r")
+    got = await client.call("session.search", query="walrus", scope="all")
+    assert (left, got["candidates"]) == (0, 0), f"{left} archived doc(s) of r left: {got}"
+
+
+async def test_search_pages_do_not_repeat_hits_when_a_message_arrives(client: Client) -> None:
+    await client.call("session.create", sessionId="p")
+    for i in range(20):
+        await client.call(
+            "session.appendMessage", sessionId="p", message=msg(f"m{i}", content="common word")
+        )
+    first = await client.call("session.search", query="common", limit=10)
+    for i in range(20, 25):
+        await client.call(
+            "session.appendMessage", sessionId="p", message=msg(f"m{i}", content="common word")
+        )
+    second = await client.call("session.search", query="common", limit=10, cursor=first["cursor"])
+    a = {h["messageId"] for h in first["hits"]}
+    b = {h["messageId"] for h in second["hits"]}
+    assert not a & b, f"repeated on page 2: {sorted(a & b)}"
+
+
+@pytest.mark.parametrize(
+    ("text", "query", "word"),
+    [
+        ("İstanbul trip: Organise the photos", "organise", "Organise"),
+        ("x " * 200 + "we met at the café on Monday", "cafe", "café"),
+    ],
+)
+async def test_snippet_shows_and_marks_the_match(
+    client: Client, text: str, query: str, word: str
+) -> None:
+    await client.call("session.create", sessionId="s")
+    await client.call("session.appendMessage", sessionId="s", message=msg("m", content=text))
+    (hit,) = (await client.call("session.search", query=query))["hits"]
+    snip = hit["snippet"]
+    assert word in snip["text"], snip
+    assert [snip["text"][a:b] for a, b in snip["ranges"]] == [word], snip
+
+
+async def test_a_fifo_at_a_transcript_does_not_hang_a_search(client: Client, data_dir: Any) -> None:
+    """_read_line opens transcripts without O_NONBLOCK nor a regular-file check (not
+    open_regular): a FIFO there blocks the worker thread, and the call, for good."""
+    import os
+
+    await client.call("session.create", sessionId="s")
+    await client.call("session.appendMessage", sessionId="s", message=msg("m", content="needle"))
+    assert len((await client.call("session.search", query="needle"))["hits"]) == 1
+    path = data_dir / "sessions" / "s.jsonl"
+    os.rename(path, data_dir / "aside.jsonl")
+    os.mkfifo(path)
+    await asyncio.wait_for(client.call("session.search", query="needle"), 10)
+
+
+async def test_a_fifo_at_a_transcript_does_not_hang_the_search_command(
+    client: Client, data_dir: Any
+) -> None:
+    import os
+
+    from tests.conftest import run_cli
+
+    await client.call("session.create", sessionId="s")
+    await client.call("session.appendMessage", sessionId="s", message=msg("m", content="needle"))
+    assert len((await client.call("session.search", query="needle"))["hits"]) == 1
+    path = data_dir / "sessions" / "s.jsonl"
+    os.rename(path, data_dir / "aside.jsonl")
+    os.mkfifo(path)
+    code, _, err = await asyncio.wait_for(run_cli("search", str(data_dir), "needle"), 15)
+    assert code == 1 and "Traceback" not in err, err  # no hit: its line cannot be read
+
+
+async def test_odd_search_input_is_never_internal(client: Client) -> None:
+    await client.call("session.create", sessionId="s")
+    await client.call("session.appendMessage", sessionId="s", message=msg("m", content="x y"))
+    head = b'{"jsonrpc":"2.0","id":1,"method":"session.search","params":'
+    for params in [
+        b'{"query":"a\\ud800b"}',
+        b'{"query":"abc","cursor":"\\ud800"}',
+        b'{"query":"a\\u0000bc NEAR(x y) col:x ^x"}',
+    ]:
+        line = head + params + b"}"
+        got = await client.raw(line, rid=1)
+        assert "error" not in got or got["error"]["data"]["code"] != "INTERNAL", (line, got)
+    for raw in ["search:-1", "search:٣", "search:99999", "search:4000", "x:1", "search:"]:
+        cursor = base64.urlsafe_b64encode(raw.encode()).decode()
+        try:
+            await client.call("session.search", query="abc", cursor=cursor)
+        except RpcError as exc:
+            assert exc.name == "INVALID_PARAMS", (raw, exc.error)
