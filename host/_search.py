@@ -61,11 +61,14 @@ T = TypeVar("T")
 
 CANDIDATES = 2_000
 """Matches of a query ranked by bm25 at most: its most recent ones (by when they were
-indexed). A search within one session ranks all of that session's matches."""
+indexed), across every session or in one."""
 MAX_DOC = 262_144
 """Characters of a message's text that are indexed; the rest is not searched."""
 MAX_TERMS = 16
 """Terms a query may hold."""
+DEAD_FLOOR = 100_000
+"""Dead entries (words of changed or deleted documents, kept by a contentless table) the
+search index may hold before it is rebuilt; past it, once they outnumber live documents."""
 BATCH = 512
 """Queued messages indexed per transaction."""
 CATCH_UP = 2_000
@@ -491,6 +494,10 @@ class Search:
             try:
                 if not await self.work(log_progress=True):  # lines a rewrite was moving
                     asyncio.get_running_loop().call_later(0.2, self._wake.set)
+                live, dead = await on_thread(self._db("writer").run, _stats)
+                if dead > max(live, DEAD_FLOOR):  # what a rebuild frees: most of the index
+                    log.info("search index: %d dead entries, %d live: rebuilt", dead, live)
+                    await self.rebuild()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # derived: the next commit (or start) tries again
@@ -618,10 +625,11 @@ class Search:
                     ]
         conn.execute("BEGIN IMMEDIATE")
         try:
-            if not conn.execute("SELECT 1 FROM sessions WHERE session_id = ?", (sid,)).fetchone():
-                live, new = set(), []  # deleted meanwhile: its documents went with its row
             gone = [(d,) for key in have.keys() - live for d in have[key]]
-            conn.executemany("DELETE FROM search_docs WHERE doc = ?", gone)
+            if not conn.execute("SELECT 1 FROM sessions WHERE session_id = ?", (sid,)).fetchone():
+                gone, new = [], []  # deleted meanwhile: its documents went with its row
+            dropped = conn.executemany("DELETE FROM search_docs WHERE doc = ?", gone).rowcount
+            _counted(conn, len(new), dropped)
             for row in new:
                 cur = conn.execute(
                     "INSERT INTO search_docs (session_id, message_id, tools, digest, root_id,"
@@ -658,10 +666,13 @@ class Search:
         """``host.stats``: messages waiting to be searchable, documents made, a build."""
         if self.runs:
             self.pending = await on_thread(self._db("pages").run, _count)
+        live, dead = await on_thread(self._db("pages").run, _stats)
         return {
             "search.pending": self.pending,
             "search.building": int(self.building),
             "search.indexed": self.indexed,
+            "search.live": live,
+            "search.dead": dead,
         }
 
     # -- queries --------------------------------------------------------------------
@@ -703,6 +714,20 @@ def _newest(conn: sqlite3.Connection) -> int:
     return int(conn.execute("SELECT coalesce(max(doc), 0) FROM search_docs").fetchone()[0])
 
 
+def _stats(conn: sqlite3.Connection) -> tuple[int, int]:
+    """Documents live, and dead entries (words of documents gone, still in the tables)."""
+    live, dead = conn.execute("SELECT live, dead FROM search_stats").fetchone()
+    return int(live), int(dead)
+
+
+def _counted(conn: sqlite3.Connection, made: int, gone: int) -> None:
+    """Count documents made and gone (their words stay: dead entries)."""
+    if made or gone:
+        conn.execute(
+            "UPDATE search_stats SET live = live + ? - ?, dead = dead + ?", (made, gone, gone)
+        )
+
+
 def _count(conn: sqlite3.Connection) -> int:
     return int(conn.execute("SELECT count(*) FROM search_queue").fetchone()[0])
 
@@ -713,6 +738,7 @@ def _clear(conn: sqlite3.Connection) -> None:
     for table in ("search_text", "search_tools", "search_archive"):
         conn.execute(f"INSERT INTO {table}({table}) VALUES ('delete-all')")
     conn.execute("DELETE FROM search_docs")
+    conn.execute("UPDATE search_stats SET live = 0, dead = 0")
     conn.execute("DELETE FROM search_queue")
     conn.execute(
         "INSERT INTO search_queue (session_id, message_id)"
@@ -746,7 +772,8 @@ def _replace_docs(
     want = [(tools, text, digest(text)) for tools, text in docs]
     if sorted((t, d) for _, t, d in have) == sorted((t, d) for t, _, d in want):
         return 0
-    conn.executemany("DELETE FROM search_docs WHERE doc = ?", [(d,) for d, _, _ in have])
+    gone = conn.executemany("DELETE FROM search_docs WHERE doc = ?", [(d,) for d, _, _ in have])
+    _counted(conn, len(want), gone.rowcount)
     for tools, text, dig in want:
         cur = conn.execute(
             "INSERT INTO search_docs (session_id, message_id, tools, digest) VALUES (?, ?, ?, ?)",

@@ -20,6 +20,9 @@ the code that uses the index.
   file and line); a doc id is never reused (AUTOINCREMENT): a
   changed or deleted message's document row goes, its words stay in the contentless table
   as dead entries that no search shows, until the search index is rebuilt.
+  ``search_stats``: how many documents are live and how many went (kept with every change
+  of ``search_docs``), so the host rebuilds the search index once dead entries outnumber
+  live ones.
 - ``search_queue``: messages whose documents must be (re)made, filled by triggers on
   ``messages`` in the rows' own transaction (a session's row removed takes its documents,
   archived ones too, in its transaction), so a power cut takes rows and queue back
@@ -74,7 +77,11 @@ MIGRATION = (
         INSERT INTO search_queue (session_id, message_id) VALUES (OLD.session_id, OLD.message_id);
         INSERT INTO search_queue (session_id, message_id) VALUES (NEW.session_id, NEW.message_id);
     END;
+    CREATE TABLE search_stats (live INTEGER NOT NULL, dead INTEGER NOT NULL);
+    INSERT INTO search_stats VALUES (0, 0);
     CREATE TRIGGER search_session_removed AFTER DELETE ON sessions BEGIN
+        UPDATE search_stats SET live = live - n, dead = dead + n FROM (SELECT count(*) AS n
+            FROM search_docs WHERE session_id = OLD.session_id);
         DELETE FROM search_docs WHERE session_id = OLD.session_id;
     END;
     INSERT INTO search_queue (session_id, message_id)

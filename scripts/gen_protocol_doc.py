@@ -621,7 +621,10 @@ read and the write inside one hold of the lock instead:
   and gauges (`sessions.open`, `locks.held`, `connections.paused`, `calls.waiting`,
   `requests.heldBytes`; see [Limits](#limits); `search.pending`: messages queued for the
   search index, `search.building`: 1 while a large queue is being built (the log says how
-  far), `search.indexed`: documents made since start;
+  far), `search.indexed`: documents made since start, `search.live`: documents searched,
+  `search.dead`: entries of documents changed or gone whose words the full-text tables
+  still hold (past @@DEAD_FLOOR@@, once they outnumber the live documents, the search
+  index is rebuilt in the background: searches say `partial` meanwhile);
   `fsyncs.onLoop`: 1 while durable writes
   of up to 1 MiB run on the event loop, the disk's latency being low, 0 while they run on
   a thread, as they do on a slow disk: docs/design.md, "Append"); `methods`
@@ -1033,13 +1036,16 @@ results (a `tool` message, `tool_result` parts) only with `tools: true`; the fir
 @@MAX_DOC@@ characters of each.
 
 Ranking is bm25 (`score`, higher is better), ties most recently indexed first, over a
-bounded set of candidates: the most recent @@CANDIDATES@@ matches of the query across every
-session (by when they were indexed), or every match of one session with `sessionId`.
+bounded set of candidates: the most recent @@CANDIDATES@@ matches of the query (by when
+they were indexed) across every session, or in one with `sessionId`.
 `candidates` says how many were ranked; when it is @@CANDIDATES@@, older matches may exist
 that are not offered (narrow the query, or search one session). So the cost of a search is
-bounded whatever the number of matches. Hits are paged by `cursor` over those candidates.
+bounded whatever the number of matches. Hits are paged by `cursor` over those candidates,
+ranked from what was indexed when the first page was asked: a message indexed since does
+not move the later pages (a message changed or deleted since is left out of them).
 Each hit's `snippet` is plain text cut from the transcript's line, `ranges` the
-`[start, end)` offsets of the matches in code points. The index is derived and built
+`[start, end)` offsets of the matches in code points, found as the index finds words (case
+and diacritics folded: `cafe` marks `Café`). The index is derived and built
 behind the writes (docs/design.md, "Search"): a search first indexes what is queued when
 that is little; while a large queue is being built (an old data dir's first start) it
 answers from what is indexed with `partial: true`, `pending` the messages still queued.
@@ -1329,6 +1335,7 @@ def _subst(text: str) -> str:
         .replace("@@CANDIDATES@@", f"{_search.CANDIDATES:,}")
         .replace("@@MAX_CURSOR@@", f"{_wire.MAX_CURSOR:,}")
         .replace("@@MAX_DOC@@", f"{_search.MAX_DOC:,}")
+        .replace("@@DEAD_FLOOR@@", f"{_search.DEAD_FLOOR:,}")
     )
 
 

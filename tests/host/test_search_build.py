@@ -4,6 +4,7 @@ and once built every message is found."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sqlite3
 import threading
@@ -72,3 +73,35 @@ async def test_an_old_data_dir_is_searched_partially_while_it_builds(
     logged = [r.getMessage() for r in caplog.records]
     assert "search index: 60 message(s) to index" in logged, logged
     assert any(m.startswith("search index: built (60 message(s) in") for m in logged), logged
+
+
+async def _stats(c: Any) -> tuple[int, int, int]:
+    counters = (await c("host.stats"))["counters"]
+    return counters["search.live"], counters["search.dead"], counters["search.pending"]
+
+
+async def test_dead_entries_past_the_live_ones_rebuild_the_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A contentless table keeps the words of a changed message: bounded by a rebuild once
+    they outnumber the live documents (past ``DEAD_FLOOR``)."""
+    monkeypatch.setattr(_search, "DEAD_FLOOR", 50)
+    caplog.set_level(logging.INFO, logger="host.search")
+    async with open_host(str(tmp_path / "data")) as c:
+        await c("session.create", sessionId="s")
+        for round_ in range(3):
+            batch = [msg(f"m{i}", content=f"lighthouse{round_} {i}") for i in range(30)]
+            await c("session.replaceMessages", sessionId="s", messages=batch)
+            if round_ == 1:  # 30 made, then 30 made and 30 gone: below the floor
+                await c("session.search", query="lighthouse1")  # indexes what is queued
+                assert await _stats(c) == (30, 30, 0)
+        for _ in range(200):  # the background pass after the third: 60 dead, a rebuild
+            if (await _stats(c))[1:] == (0, 0):
+                break
+            await asyncio.sleep(0.05)
+        assert await _stats(c) == (30, 0, 0)
+        got = await c("session.search", query="lighthouse2", limit=100)
+        assert len(got["hits"]) == 30 and got["partial"] is False
+        assert (await c("session.search", query="lighthouse1"))["hits"] == []
+    logged = [r.getMessage() for r in caplog.records]
+    assert "search index: 60 dead entries, 30 live: rebuilt" in logged, logged
