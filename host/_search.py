@@ -43,7 +43,7 @@ import msgspec
 
 from host._archive import Archive
 from host._errors import InvalidParams, LimitExceeded
-from host._fs import on_thread, open_regular, read_regular
+from host._fs import on_thread, open_regular
 from host._index import Index, connect_read_only
 from host._layout import Layout
 from host._surrogates import decode
@@ -312,7 +312,7 @@ _ACTIVE = (
     " d.session_id AND s.message_id = d.message_id)"
 )
 _ARCHIVED = (
-    " d.line, NULL, NULL, d.doc, d.root_id, d.revision, d.file FROM c JOIN search_docs d"
+    " d.line, d.offset, d.length, d.doc, d.root_id, d.revision, d.file FROM c JOIN search_docs d"
     " ON d.doc = c.doc WHERE d.tools <= ? AND EXISTS (SELECT 1 FROM sessions s"
     " WHERE s.session_id = d.session_id)"
 )
@@ -359,15 +359,16 @@ def _hits(
     payload; the next position."""
     hits: list[SearchHit] = []
     fds: dict[str, int] = {}
-    payloads: dict[str, list[bytes]] = {}
     try:
         while pos < len(cands) and len(hits) < limit:
             r, tools, sid, mid, line, offset, length, _, root, rev, file = cands[pos]
             pos += 1
-            if root is None:
-                got = _read_line(layout, fds, sid, offset, length)
-            else:
-                got = _read_archived(layout, payloads, sid, root, file, line)
+            path = (
+                layout.transcript(sid)
+                if root is None
+                else os.path.join(layout.revisions(sid), root, file)
+            )
+            got = _read_line(fds, path, offset, length)
             if got is None or got[0] != mid:
                 continue  # moved by a change since: its new version is queued
             text = got[3] if tools else got[2]
@@ -390,35 +391,20 @@ def _hits(
     return hits, pos
 
 
-def _read_archived(
-    layout: Layout, payloads: dict[str, list[bytes]], sid: str, root: str, file: str, line: int
-) -> tuple[str, str, str, str] | None:
-    """The texts of line ``line`` of an archived payload (the last one read is kept)."""
-    path = os.path.join(layout.revisions(sid), root, file)
-    if path not in payloads:
-        payloads.clear()  # one payload held at a time
-        try:
-            payloads[path] = read_regular(path).split(b"\n")
-        except OSError:
-            payloads[path] = []
-    lines = payloads[path]
-    return texts(lines[line]) if line < len(lines) else None
-
-
 def _read_line(
-    layout: Layout, fds: dict[str, int], sid: str, offset: int, length: int
+    fds: dict[str, int], path: str, offset: int, length: int
 ) -> tuple[str, str, str, str] | None:
-    """The texts of the line at ``offset``, when it is one whole line there (one
-    transcript open at a time: the host's bound on open files holds)."""
-    if sid not in fds:
+    """The texts of the line at ``offset`` of a transcript or payload, when it is one whole
+    line there (one file open at a time: the host's bound on open files holds)."""
+    if path not in fds:
         for fd in fds.values():
             os.close(fd)
         fds.clear()
         try:
-            fds[sid] = open_regular(layout.transcript(sid))  # not a FIFO planted there
+            fds[path] = open_regular(path)  # not a FIFO planted there
         except OSError:
             return None
-    data = os.pread(fds[sid], length + 1, offset)
+    data = os.pread(fds[path], length + 1, offset)
     return texts(data[:-1]) if data[-1:] == b"\n" else None
 
 
@@ -560,7 +546,8 @@ class Search:
         fds: dict[str, int] = {}
         try:
             for (sid, mid), item in items.items():
-                got = None if item[1] is None else _read_line(self.layout, fds, sid, *item[1:3])
+                path = self.layout.transcript(sid)
+                got = None if item[1] is None else _read_line(fds, path, *item[1:3])
                 if item[1] is None:
                     item[3] = []  # its row is gone: no documents
                 elif got is not None and got[0] == mid:
@@ -616,13 +603,15 @@ class Search:
                 continue
             at = (root, rev.revision, rev.file)
             with contextlib.suppress(Exception):  # unreadable: not searched
+                offset = 0
                 for line, data in enumerate(self.archive.read(sid, root, rev)):
                     mid, _, *both = texts(data) or ("", "", "", "")
                     new += [
-                        (sid, mid, k, digest(t), *at, line, fts_text(t))
+                        (sid, mid, k, digest(t), *at, line, offset, len(data), fts_text(t))
                         for k, t in enumerate(both)
                         if t
                     ]
+                    offset += len(data) + 1
         conn.execute("BEGIN IMMEDIATE")
         try:
             gone = [(d,) for key in have.keys() - live for d in have[key]]
@@ -633,12 +622,12 @@ class Search:
             for row in new:
                 cur = conn.execute(
                     "INSERT INTO search_docs (session_id, message_id, tools, digest, root_id,"
-                    " revision, file, line) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    row[:8],
+                    " revision, file, line, offset, length) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    row[:10],
                 )
                 conn.execute(
                     "INSERT INTO search_archive (rowid, text) VALUES (?, ?)",
-                    (cur.lastrowid, row[8]),
+                    (cur.lastrowid, row[10]),
                 )
             conn.execute("COMMIT")
         except BaseException:
@@ -850,7 +839,7 @@ def check(layout: Layout, out: TextIO) -> int:
                 "SELECT session_id, message_id, offset, length FROM messages"
                 " ORDER BY session_id, line"
             ):
-                got = _read_line(layout, fds, sid, offset, length)
+                got = _read_line(fds, layout.transcript(sid), offset, length)
                 if got is not None and (d := {(k, digest(t)) for k, t in enumerate(got[2:]) if t}):
                     want[(sid, mid)] = d
         finally:

@@ -17,9 +17,10 @@ the code that uses the index.
   One row per *document*: the text of a message, or of its tool results.
   ``search_archive``: the same for the lines of archived revisions (``scope: "all"``).
 - ``search_docs``: what each document is (an archived one: its root, revision, payload
-  file and line); a doc id is never reused (AUTOINCREMENT): a
-  changed or deleted message's document row goes, its words stay in the contentless table
-  as dead entries that no search shows, until the search index is rebuilt.
+  file, line, and the line's offset and length in the payload); a doc id is never reused
+  (AUTOINCREMENT): a changed or deleted message's document row goes, its words stay in the
+  contentless table as dead entries that no search shows, until the search index is
+  rebuilt.
   ``search_stats``: how many documents are live and how many went (kept with every change
   of ``search_docs``), so the host rebuilds the search index once dead entries outnumber
   live ones.
@@ -58,7 +59,9 @@ MIGRATION = (
         root_id TEXT,
         revision INTEGER,
         file TEXT,
-        line INTEGER
+        line INTEGER,
+        offset INTEGER,
+        length INTEGER
     );
     CREATE INDEX search_docs_by_message ON search_docs (session_id, message_id);
     CREATE TABLE search_queue (
