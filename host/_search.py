@@ -560,7 +560,7 @@ class Search:
         finally:
             for fd in fds.values():
                 os.close(fd)
-        made = left = 0
+        made = gone = left = 0
         conn.execute("BEGIN IMMEDIATE")
         try:
             done: list[tuple[int]] = []
@@ -575,7 +575,9 @@ class Search:
                     left += 1
                 else:
                     done += [(s,) for s in seqs]
-                    made += _replace_docs(conn, sid, mid, docs)
+                    n, dropped = _replace_docs(conn, sid, mid, docs)
+                    made, gone = made + n, gone + dropped
+            _counted(conn, made, gone)
             conn.executemany("DELETE FROM search_queue WHERE seq = ?", done)
             conn.execute("COMMIT")
         except BaseException:
@@ -750,9 +752,10 @@ def _optimize(conn: sqlite3.Connection) -> None:
 
 def _replace_docs(
     conn: sqlite3.Connection, sid: str, mid: str, docs: Sequence[tuple[int, str]]
-) -> int:
+) -> tuple[int, int]:
     """Make a message's documents ``(tools, text)``; unchanged ones stay. Return how many
-    were made. An old document's words stay in the contentless table, its row goes."""
+    were made and how many went (an old document's words stay in the contentless table,
+    its row goes)."""
     have = conn.execute(
         "SELECT doc, tools, digest FROM search_docs WHERE session_id = ? AND message_id = ?"
         " AND root_id IS NULL",
@@ -760,9 +763,8 @@ def _replace_docs(
     ).fetchall()
     want = [(tools, text, digest(text)) for tools, text in docs]
     if sorted((t, d) for _, t, d in have) == sorted((t, d) for t, _, d in want):
-        return 0
+        return 0, 0
     gone = conn.executemany("DELETE FROM search_docs WHERE doc = ?", [(d,) for d, _, _ in have])
-    _counted(conn, len(want), gone.rowcount)
     for tools, text, dig in want:
         cur = conn.execute(
             "INSERT INTO search_docs (session_id, message_id, tools, digest) VALUES (?, ?, ?, ?)",
@@ -772,7 +774,7 @@ def _replace_docs(
         conn.execute(
             f"INSERT INTO {table} (rowid, text) VALUES (?, ?)", (cur.lastrowid, fts_text(text))
         )
-    return len(want)
+    return len(want), gone.rowcount
 
 
 # -- the command line and verify ----------------------------------------------------------
