@@ -256,27 +256,24 @@ class Registry:
         now, meta = now_iso(), None if fork is None else fork.meta
         meta_file = _META_FILE.encode(MetaFile(title, now, meta))
 
-        def transcript() -> FileStamp:
+        def transcript() -> None:
             if fork is None:
-                t = Transcript.create(fs, layout.transcript(sid))
-                try:
-                    return t.stamp()
-                finally:
-                    t.close()
+                Transcript.create(fs, layout.transcript(sid)).close()
+                return
             tmp = os.path.join(layout.sessions, fork.source.file.prepare([(0, fork.end)]))
             fs.rename(tmp, layout.transcript(sid))  # a copy left by a failure: the start's sweep
             fs.fsync_dir(layout.sessions)
-            return FileStamp.of(os.stat(layout.transcript(sid)))
 
         def make_files() -> FileStamp:
             try:
                 fs.unlink(layout.intent(sid))  # a deleted session's (its removal failed)
                 fs.write_atomic(layout.meta(sid), meta_file)
                 self.turnlog.create(sid)  # its name made durable with the transcript's
-                return transcript()  # the commit
+                transcript()  # the commit
             except BaseException:
                 self.remove_files(sid)  # before the commit: nothing was made
                 raise
+            return FileStamp.of(os.lstat(layout.transcript(sid)))
 
         st = await on_thread(make_files)
         s = self.sessions[sid] = Session(sid, self)
