@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import math
 import os
 import socket
 import statistics
@@ -80,6 +81,7 @@ class Conn:
         self.ids = itertools.count(1)
         self.pending: dict[int, asyncio.Future[Any]] = {}
         self.seen: dict[str, float] = {}  # message id -> when its event was read
+        self.ended = asyncio.Event()
         self.task = asyncio.get_running_loop().create_task(self._read())
 
     @classmethod
@@ -97,6 +99,8 @@ class Conn:
                 ev = msg["params"]["event"]
                 if ev["kind"] == "appended":
                     self.seen[ev["message"]["id"]] = now
+                elif ev["kind"] == "live":  # the writer's last word: every event is in
+                    self.ended.set()
             elif (fut := self.pending.pop(msg.get("id"), None)) is not None:
                 fut.set_result((msg, now))
 
@@ -156,7 +160,12 @@ def cheap_watchers(sock: str, sessions: list[str]) -> None:
     print("ready", flush=True)
     done = threading.Event()
     threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
-    while not done.wait(0.005):
+    deadline = math.inf
+    while not done.wait(0.005) or (
+        time.monotonic() < deadline and not all(b'"kind":"live"' in b for _, b in conns)
+    ):  # after stdin's end, the events still on their way, up to the writer's last word
+        if done.is_set():
+            deadline = min(deadline, time.monotonic() + ENDED)
         for conn in conns:
             with contextlib.suppress(BlockingIOError):
                 while data := conn[0].recv(1 << 20):
@@ -177,6 +186,8 @@ async def watch_in_child(sock: str, sessions: list[str]) -> None:
         conns.append(c)
     print("ready", flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    async with asyncio.timeout(ENDED):  # the events still on their way, up to the last word
+        await asyncio.gather(*(c.ended.wait() for c in conns))
     print(json.dumps([c.seen for c in conns]), flush=True)
     for c in conns:
         await c.close()
@@ -208,8 +219,12 @@ class Watchers:
         assert (await proc.stdout.readline()).strip() == b"ready"
         return cls(proc)
 
-    async def stop(self) -> list[dict[str, float]]:
+    async def stop(self, writer: Conn, sessions: list[str]) -> list[dict[str, float]]:
+        """End the watchers: a last word published on each session (after every event of
+        its appends, as the session's calls are queued), then what each watcher saw."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
+        for sid in dict.fromkeys(sessions):
+            await writer.call("session.publish", {"sessionId": sid, "turnId": "end", "data": 0})
         self.proc.stdin.close()
         seen: list[dict[str, float]] = json.loads(await self.proc.stdout.readline())
         await self.proc.wait()
@@ -263,8 +278,7 @@ async def event_latency(sock: str, writer: Conn, n: int) -> dict[str, Any]:
         mid = f"lat-{i}"
         params = {"sessionId": sessions[i % 4], "message": body(mid, 1024)}
         _, answered[mid] = await writer.timed("session.appendMessage", params)
-    await writer.call("session.publish", {"sessionId": "lat0", "turnId": "x", "data": 0})
-    seen = await watchers.stop()
+    seen = await watchers.stop(writer, sessions)
     lat = [(at[mid] - answered[mid]) * 1000 for at in seen for mid in at]
     return {
         "figure": "event_latency",
@@ -280,6 +294,8 @@ CPU: dict[str, float] = {}
 HOST_PID = 0
 IDS = itertools.count()
 NICE = int(os.environ.get("WATCHERS_NICE", "0"))
+ENDED = 60.0
+"""Seconds watchers wait, after their end, for the events still on their way."""
 
 
 async def interleaved(
@@ -307,7 +323,7 @@ async def append_watched(sock: str, writer: Conn, rounds: int, ops: int) -> dict
     watchers = await Watchers.start(sock, ["watched"] * 8, cheap=True)
     await interleaved(writer, "watched", "plain", 2, 20, 1024)  # warm up
     ours, base = await interleaved(writer, "watched", "plain", rounds, ops, 1024)
-    seen = await watchers.stop()
+    seen = await watchers.stop(writer, ["watched"])
     assert all(len(at) == len(seen[0]) for at in seen), "every watcher got every event"
     return {
         "figure": "append_watched",
@@ -425,7 +441,7 @@ async def instructions(quick: bool) -> list[dict[str, Any]]:
                         params = {"sessionId": sid, "message": body(f"{sid}-{next(IDS)}", 1024)}
                         await writer.call("session.appendMessage", params)
                     counts[sid].append(await control("-d") / ops)
-            seen = await watchers.stop()
+            seen = await watchers.stop(writer, ["watched"])
             await writer.close()
         finally:
             proc.terminate()

@@ -49,9 +49,10 @@ def save_line(message: bytes, *, split: bool, sid: str = "s", tid: str = "t1") -
 
 
 async def _store_counters(client: Client) -> dict[str, int]:
-    """``host.stats``'s counters but the calls' own (``host.stats`` is a call too)."""
+    """``host.stats``'s counters but the calls' own (``host.stats`` is a call too) and the
+    search index's (it indexes in the background, whatever a call does)."""
     counters = (await client.call("host.stats"))["counters"]
-    return {k: v for k, v in counters.items() if not k.startswith("calls.")}
+    return {k: v for k, v in counters.items() if not k.startswith(("calls.", "search."))}
 
 
 def bare(reply: dict[str, Any], rid: Any) -> dict[str, Any]:
