@@ -12,7 +12,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from host._platform import EXIT_UNSUPPORTED, unsupported
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     if command == ["watch"]:  # a client of a running host: outbox's (issue 34)
         from outbox._tail import main as watch
 
-        return watch((sys.argv[1:] if argv is None else argv)[1:])
+        return _printing(lambda: watch((sys.argv[1:] if argv is None else argv)[1:]))
     from host._index import BUSY_TIMEOUT
     from host._limits import HANDSHAKE_TIMEOUT
 
@@ -102,12 +102,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "search":
         from host._search import search_command
 
-        return search_command(
-            args.data_dir, args.query, limit=args.limit, session_id=args.session, scope=args.all
+        return _printing(
+            lambda: search_command(
+                args.data_dir, args.query, limit=args.limit, session_id=args.session, scope=args.all
+            )
         )
     from host._verify import verify as check
 
     return asyncio.run(check(args.data_dir, repair=args.repair, busy_timeout=args.busy_timeout))
+
+
+def _printing(run: Callable[[], int]) -> int:
+    """Run a command that prints for a person: a reader that stops early (``| head``) ends
+    it quietly, as ``tail`` and ``grep`` end."""
+    try:
+        return run()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush
+        return 1
 
 
 def add_busy_timeout(parser: argparse.ArgumentParser, default: float) -> None:

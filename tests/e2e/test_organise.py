@@ -3,14 +3,18 @@ session.fork, and their bad input (a clear error, nothing changed)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import sqlite3
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import (
+    REPO,
     Client,
     RpcError,
     StartHost,
@@ -189,6 +193,17 @@ async def test_search_command_line(client: Client, data_dir: Path) -> None:
     assert code == 2 and "no word" in err, err
     code, out, err = await run_cli("search", str(data_dir), "absent")
     assert code == 1 and "0 hit(s)" in out, out
+    read, write = os.pipe()  # a reader that stopped before the hits came (`| head`)
+    os.close(read)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "host", "search", str(data_dir), "needle",
+            stdout=write, stderr=asyncio.subprocess.PIPE, cwd=REPO,
+        )  # fmt: skip
+    finally:
+        os.close(write)
+    _, err_bytes = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 1 and b"Traceback" not in err_bytes, err_bytes
 
 
 async def test_an_old_data_dir_builds_its_search_index(
