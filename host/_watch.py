@@ -167,6 +167,7 @@ class Outlet:
         self.watchers: dict[str, Watcher] = {}
         self.ready: deque[Watcher] = deque()  # with lines queued, in turn
         self.parts: list[bytes] = []  # lines of watchers with none queued, for one write
+        self.size = 0  # ... and their bytes
         self.open = conn.writable  # its client takes more (kept by the connection's hooks)
         self.scheduled = False
         self.closed = False
@@ -199,6 +200,12 @@ class Outlet:
         if not self.scheduled and not self.closed:
             self.scheduled = True
             self.hub.outlets.append(self)
+
+    def flush(self) -> None:
+        """Write the lines handed straight on (a connection paused by it stops taking them)."""
+        if self.parts:
+            data, self.parts, self.size = b"".join(self.parts), [], 0
+            self.conn.notify(data)
 
     def end(self, w: Watcher, event: Event, cursor: Cursor) -> None:
         """Queue ``w``'s last event: nothing more is queued for it."""
@@ -264,6 +271,9 @@ class Outlet:
     def paused(self) -> None:
         """The client takes no more for now: what its watchers are sent waits, bounded."""
         self.open = False
+        for w in list(self.ready):
+            if len(w.queue) > 1 and (w.queued > WATCH_QUEUE or len(w.queue) > WATCH_EVENTS):
+                self.overflow(w)
 
     def writable(self) -> None:
         """The client reads again: go on."""
@@ -367,12 +377,16 @@ class WatchHub(Epochs):
                 w.outlet.end(w, DeletedEvent(), w.pos)
 
     def _emit(self, st: Watched, event: Event) -> None:
+        """Note a change for its watchers: fanned out once its call lets go of the session
+        (:meth:`released`), so after that call's answer."""
         if st.live:
             self.notes.append((st.live, st.cursor(), event))
-            self.fan_out_soon()
 
     def released(self, session_id: str) -> None:
-        """A call let go of the session: if its epoch ended meanwhile, reset its watchers."""
+        """A call let go of the session: its changes go out (after its answer, written in
+        the next pass), and if its epoch ended meanwhile, its watchers are reset."""
+        if self.notes:
+            self.fan_out_soon()
         s = self.sessions.get(session_id)
         st = s.watched if s is not None else None
         if s is None or st is None or st.settling or s.epoch == st.epoch:
@@ -405,12 +419,14 @@ class WatchHub(Epochs):
                     if not o.parts:
                         direct.append(o)
                     o.parts += (w.head, tail)
+                    o.size += len(w.head) + len(tail)
                     w.pos = w.delivered = cursor
+                    if o.size >= DRAIN_STEP:  # written now: a client that reads no more
+                        o.flush()  # pauses it, and the rest of a burst waits, bounded
                 else:
                     o.push(w, tail, cursor)  # behind what it has queued (or not at all)
         for o in direct:
-            data, o.parts = b"".join(o.parts), []
-            o.conn.notify(data)
+            o.flush()
         for _ in range(len(self.outlets)):
             self.outlets.popleft().drain()
 
@@ -582,8 +598,8 @@ class WatchHub(Epochs):
             st = held.watched if held is not None else None
             if held is not None:
                 held.watched = None
-            for w in st.watchers if st is not None else []:
-                w.outlet.remove(w)
+            for w in st.watchers if st is not None else []:  # told, never dropped silently
+                w.outlet.end(w, ResetEvent(reason="rewritten", total_lines=w.pos.lines), w.pos)
 
     async def _catch_up(self, w: Watcher) -> None:
         """Replay from the files what follows ``w``'s cursor, a chunk at a time, then go live."""

@@ -1,0 +1,167 @@
+"""Watch edges a review of issue 34 found on main (8ac0e14), each red there: a call's
+events went out before its answer when the call went on after noting them; a watcher that
+never reads was handed a whole group commit's events in one write; a reset that failed
+dropped its watchers without a word."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import Client, RpcError, StartHost, msg
+
+
+class Order(list[str]):
+    """Every line a client reads, as 'event:<kind>' or 'answer:<id>', in arrival order."""
+
+    def __init__(self, client: Client) -> None:
+        super().__init__()
+        self.grew = asyncio.Event()
+        dispatch = client._dispatch
+
+        def take(m: Any) -> None:
+            if isinstance(m, dict) and m.get("method") == "session.event":
+                self.append("event:" + m["params"]["event"]["kind"])
+            elif isinstance(m, dict):
+                self.append(f"answer:{m.get('id')}")
+            self.grew.set()
+            dispatch(m)
+
+        client._dispatch = take  # type: ignore[method-assign]
+
+    async def until(self, done: Callable[[], bool]) -> None:
+        async with asyncio.timeout(10):
+            while not done():
+                self.grew.clear()
+                await self.grew.wait()
+
+
+def record_order(client: Client) -> Order:
+    return Order(client)
+
+
+async def settle(client: Client, sid: str, order: Order) -> None:
+    """Publish a mark on the session and wait for its event: every event of the calls
+    before it is out (the session's calls are queued in order)."""
+    seen = order.count("event:live")
+    await client.call("session.publish", sessionId=sid, turnId="x", data="mark")
+    await order.until(lambda: order.count("event:live") > seen)
+
+
+async def answered_then(client: Client, order: Order, method: str, **params: Any) -> list[str]:
+    """Send one call on the watching connection; its answer and the events, in order."""
+    rid = client.next_id()
+    fut = client.expect(rid)
+    line = {"jsonrpc": "2.0", "id": rid, "method": method, "params": params}
+    await client.send_raw(json.dumps(line).encode() + b"\n")
+    await client.wait(fut)
+    await settle(client, params["sessionId"], order)
+    return [o for o in order if o == f"answer:{rid}" or o.startswith("event:")]
+
+
+async def test_begin_turn_answers_before_its_events(client: Client) -> None:
+    """beginTurn notes its turn, then waits on the index: its events come after its answer."""
+    await client.call("session.create", sessionId="s")
+    await client.call("session.watch", sessionId="s")
+    order = record_order(client)
+    got = await answered_then(
+        client, order, "session.beginTurn", sessionId="s", turnId="t1", prompt=msg("u1")
+    )
+    assert got[0].startswith("answer:") and got[1:3] == ["event:turn", "event:appended"], got
+
+
+async def test_an_append_that_settles_a_checkpoint_answers_before_its_event(
+    client: Client,
+) -> None:
+    """A streamed reply's last append removes its checkpoint (a thread) after its line was
+    noted: the appended event still comes after the answer."""
+    await client.call("session.create", sessionId="s")
+    await client.call("session.beginTurn", sessionId="s", turnId="t1")
+    part = msg("r1", "assistant", content="Hel")
+    await client.call("session.saveInflightMessage", sessionId="s", turnId="t1", message=part)
+    order = record_order(client)
+    await client.call("session.watch", sessionId="s")
+    await order.until(lambda: "event:checkpoint" in order)  # the replay's last: live now
+    del order[:]
+    final = msg("r1", "assistant", content="Hello")
+    got = await answered_then(
+        client, order, "session.appendMessage", sessionId="s", message=final, turnId="t1"
+    )
+    assert got[:2] == [got[0], "event:appended"] and got[0].startswith("answer:"), got
+
+
+async def _stalled_watcher(path: str, sid: str) -> socket.socket:
+    """A socket client that handshakes, watches ``sid``, then stops reading."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(path)
+    s.sendall(b'{"jsonrpc":"2.0","id":1,"method":"handshake","params":{"protocolVersion":11}}\n')
+    req = {"jsonrpc": "2.0", "id": 2, "method": "session.watch", "params": {"sessionId": sid}}
+    s.sendall(json.dumps(req).encode() + b"\n")
+    buf = b""
+    while buf.count(b"\n") < 2:
+        buf += await asyncio.to_thread(s.recv, 65536)
+    return s
+
+
+async def test_a_watcher_that_never_reads_is_held_to_its_bound_in_a_group_commit(
+    start_host: StartHost, tmp_path: Path
+) -> None:
+    """40 appends of 1 MiB in one batch line (one group commit, one fan-out pass): a
+    watcher that never reads gets what fits its bounds (4 MiB unread, 1 MiB queued, the
+    one being written, the kernel's buffer), then an overflow reset, not all 40 MiB."""
+    path = tmp_path / "run" / "h.sock"
+    host = await start_host(socket=path)
+    writer = await host.connect()
+    await writer.handshake()
+    await writer.call("session.create", sessionId="s")
+    stalled = await _stalled_watcher(str(path), "s")
+    batch = [
+        writer.envelope(
+            "session.appendMessage",
+            {"sessionId": "s", "message": msg(f"a{i}", content="z" * (1 << 20))},
+            rid=f"b{i}",
+        )
+        for i in range(40)
+    ]
+    await writer.batch(batch)
+    await writer.call("session.appendMessage", sessionId="s", message=msg("after"))
+    kinds: list[str] = []
+    stalled.settimeout(5.0)
+    buf = b""
+    while "reset" not in kinds:
+        chunk = await asyncio.to_thread(stalled.recv, 1 << 20)
+        assert chunk, kinds
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        kinds += [json.loads(line)["params"]["event"]["kind"] for line in lines]
+    stalled.close()
+    assert kinds.count("appended") <= 8 and kinds[-1] == "reset", kinds
+
+
+async def test_a_watcher_whose_reset_fails_is_told(client: Client, data_dir: Path) -> None:
+    """A rewrite's reset that cannot be made (the watch folder swapped for a link: the new
+    epoch cannot be written; a full disk takes the same path) ends the watch with a reset,
+    never silently."""
+    order = record_order(client)
+    await client.call("session.create", sessionId="s")
+    await client.call("session.appendMessage", sessionId="s", message=msg("a0"))
+    w = await client.call("session.watch", sessionId="s")
+    await client.call("session.appendMessage", sessionId="s", message=msg("a1"))
+    watch, aside = data_dir / "watch", data_dir / "watch-real"
+    os.rename(watch, aside)
+    os.symlink(aside, watch)
+    with pytest.raises(RpcError) as refused:  # its epoch cannot be ended on disk
+        await client.call("session.deleteMessages", sessionId="s", messageIds=["a0"])
+    assert refused.value.name == "STORAGE_ERROR"
+    await order.until(lambda: "event:reset" in order)
+    os.unlink(watch)
+    os.rename(aside, watch)
+    assert [o for o in order if o.startswith("event:")] == ["event:appended", "event:reset"]
+    assert await client.call("session.unwatch", watchId=w["watchId"]) == {"unwatched": False}
