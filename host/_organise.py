@@ -25,11 +25,12 @@ import msgspec
 from msgspec import UNSET, Raw, structs
 
 from host._errors import Conflict, InvalidParams, LimitExceeded, NotFound
-from host._fs import on_thread, read_regular
+from host._fs import on_thread
 from host._index import MetaRow
 from host._locks import Method
+from host._meta import MetaFile, encode, read_meta
 from host._search import Search
-from host._store import Fork, MetaFile, Registry
+from host._store import Fork, Registry
 from host._surrogates import decode
 from host._wire import (
     LIST_PAGE,
@@ -47,19 +48,7 @@ from host._wire import (
 _ENC = msgspec.json.Encoder()
 
 
-_META_FILE = msgspec.json.Decoder(MetaFile)
 _META = msgspec.json.Decoder(dict[str, Raw])
-
-
-def _read_meta(path: str) -> tuple[bytes | None, MetaFile]:
-    """The meta file's bytes and what it says (an unreadable one says nothing)."""
-    try:
-        data = read_regular(path)
-        return data, decode(_META_FILE, data)
-    except OSError:
-        return None, MetaFile()
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
-        return data, MetaFile()
 
 
 class Organise:
@@ -76,11 +65,7 @@ class Organise:
         meta = self.registry.layout.meta
 
         def read_all() -> list[MetaRow]:
-            return [
-                MetaRow.of(sid, m.title, m.meta)
-                for (sid,) in rows
-                for m in [_read_meta(meta(sid))[1]]
-            ]
+            return [read_meta(meta(sid))[1].row(sid) for (sid,) in rows]
 
         await self.registry.index.set_meta(await on_thread(read_all))
         return len(rows)
@@ -141,10 +126,13 @@ class Organise:
     async def update(self, p: UpdateSessionParams) -> UpdateSessionResult:
         """Set the title, merge ``meta`` (the call holds its session)."""
         s = await self.registry.open(p.session_id)  # NotFound, or reconciled
-        old_bytes, old = await on_thread(_read_meta, self.registry.layout.meta(s.id))
+        old_bytes, old = await on_thread(read_meta, self.registry.layout.meta(s.id))
         row = await s.row()
         assert row is not None
-        title = row.title if p.title is UNSET else p.title
+        if p.title is not UNSET:
+            title = p.title
+        else:  # the file's (the row's may lag it: an index write that failed after it)
+            title = old.title if old_bytes is not None else row.title
         meta = dict(old.meta or {})
         for k, v in (p.meta or {}).items() if isinstance(p.meta, dict) else ():
             if bytes(v) == b"null":
@@ -157,7 +145,7 @@ class Organise:
                 f"meta may hold {MAX_META:,} bytes at most (encoded); it would hold {size:,}",
                 limit=MAX_META,
             )
-        new = _ENC.encode(MetaFile(title, old.createdAt or row.created_at, new_meta))
+        new = encode(MetaFile(title, old.createdAt or row.created_at, new_meta))
         changed = new != old_bytes or title != row.title
         if changed:
             await s.write_meta(new, MetaRow.of(s.id, title, new_meta))
@@ -177,7 +165,7 @@ class Organise:
             raise NotFound("message", p.at_message_id)
         forked = _ENC.encode({"sessionId": src, "messageId": p.at_message_id})
         if new in registry.sessions:
-            _, m = await on_thread(_read_meta, layout.meta(new))
+            _, m = await on_thread(read_meta, layout.meta(new))
             if bytes((m.meta or {}).get("forkedFrom", b"")) == forked:  # a retry: made
                 return ForkResult(session_id=new, created=False, message_count=at.line + 1)
             raise Conflict(f"session {new!r} exists", sessionId=new)

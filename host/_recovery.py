@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from host._epochs import Epochs
-from host._fs import FileSystem, NotRegularFile, on_thread, read_regular
-from host._index import Index, Row, RowCache, SessionRow, now_iso
+from host._fs import FileSystem, NotRegularFile, on_thread
+from host._index import Index, Row, RowCache, SessionRow
 from host._intents import Change, Intents
 from host._layout import SPARE, Layout
 from host._messages import Message, pager_json, parse_stored
+from host._meta import created_at, read_meta
 from host._transcript import FileStamp, Piece, Transcript, iter_lines
 from host._turnlog import TurnLog
 
@@ -259,10 +260,12 @@ async def reconcile(
         if dupes:
             await reconcile(store, session_id, full=True, report=report)
             return
-    if hint is None:
-        title, created = _read_meta(store, session_id)
+    meta = None
+    if hint is None:  # its title and meta from its meta file, as a rebuilt index has them
+        _, meta = await on_thread(read_meta, store.layout.meta(session_id))
+        created = created_at(meta)
         await store.index.create_session(
-            SessionRow(session_id, title, created, created, 0, 0, 0, 0)
+            SessionRow(session_id, meta.title, created, created, 0, 0, 0, 0)
         )
     await store.index.replace_rows(
         store.cache_of(session_id),
@@ -272,6 +275,8 @@ async def reconcile(
         _mtime_iso(stamp),
         keep_from=start_line,
     )
+    if meta is not None:
+        await store.index.set_meta([meta.row(session_id)])
     log.info(
         "session %s reconciled: %d line(s) indexed from line %d%s%s",
         session_id,
@@ -287,15 +292,6 @@ async def reconcile(
         report.quarantined_lines += len(result.bad)
     if report is None:  # at start the report's totals are added to the counters once
         store.count("recovery.quarantined_lines", len(result.bad))
-
-
-def _read_meta(store: Store, session_id: str) -> tuple[str | None, str]:
-
-    try:
-        meta = json.loads(read_regular(store.layout.meta(session_id)))
-        return meta.get("title"), meta.get("createdAt") or now_iso()
-    except (OSError, ValueError, RecursionError, AttributeError):  # not a meta file
-        return None, now_iso()
 
 
 def _mtime_iso(stamp: FileStamp) -> str:

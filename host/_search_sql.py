@@ -7,7 +7,8 @@ the code that uses the index.
   ``meta.pinned`` is ``true``), ``meta_dirty`` (the title and ``meta`` may not be
   ``meta.json``'s: set, synced, before an update writes the file, and by every row made
   from the files, which has no file stamp yet; the start reads the file again). The
-  list's keyset indexes.
+  list's keyset indexes (all, pinned, unpinned: a ``pinnedFirst`` page walks only the
+  rows of its phase).
 - ``search_text`` and ``search_tools``: FTS5, contentless (the transcripts hold the text:
   no second copy), words by ``unicode61``, a prefix index of 3 characters (``the*`` is one
   lookup, not a merge of every word it starts); a CJK run is indexed as its characters and
@@ -44,6 +45,8 @@ MIGRATION = (
     CREATE INDEX sessions_by_created ON sessions (created_at, session_id);
     CREATE INDEX sessions_pinned_updated ON sessions (updated_at, session_id) WHERE pinned = 1;
     CREATE INDEX sessions_pinned_created ON sessions (created_at, session_id) WHERE pinned = 1;
+    CREATE INDEX sessions_unpinned_updated ON sessions (updated_at, session_id) WHERE pinned = 0;
+    CREATE INDEX sessions_unpinned_created ON sessions (created_at, session_id) WHERE pinned = 0;
     CREATE TRIGGER sessions_meta_unread AFTER INSERT ON sessions WHEN NEW.file_ino = 0 BEGIN
         UPDATE sessions SET meta_dirty = 1 WHERE session_id = NEW.session_id;
     END;

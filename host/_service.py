@@ -66,7 +66,6 @@ class Host:
         none, twins = Scope.NONE, Scope.TWINS
         self.handlers: dict[str, Method] = {
             "session.create": Method(s.create, twins),
-            "session.list": Method(s.list_sessions, none),
             "session.delete": Method(s.delete, twins),
             "session.get": Method(s.get),
             "session.appendMessage": Method(s.append_message, group=GROUP),

@@ -35,14 +35,11 @@ from host._wire import (
     CreateResult,
     DeleteMessagesParams,
     DeleteResult,
-    EmptyParams,
     GetParams,
     GetResult,
     LineResult,
-    ListResult,
     ReplaceParams,
     SessionParams,
-    SessionSummary,
     UpdateParams,
 )
 
@@ -69,20 +66,6 @@ class SessionMethods:
                 sessionId=twin,
             )
         return CreateResult(session_id=sid, created=await self.registry.create(sid, title))
-
-    async def list_sessions(self, p: EmptyParams) -> ListResult:
-        rows = await self.registry.list()
-        return ListResult(
-            sessions=[
-                SessionSummary(
-                    session_id=r.session_id,
-                    title=r.title,
-                    message_count=r.line_count,
-                    updated_at=r.updated_at,
-                )
-                for r in rows
-            ]
-        )
 
     async def delete(self, p: SessionParams) -> DeleteResult:
         await self.registry.delete(p.session_id)

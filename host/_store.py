@@ -22,8 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import msgspec
-from msgspec import Raw, Struct
+from msgspec import Raw
 
 from host._archive import Archive
 from host._checkpoints import Checkpoints
@@ -34,6 +33,7 @@ from host._intents import Intents, OlderIntent
 from host._layout import Layout, UnsafeFolder
 from host._limits import OPEN_TRANSCRIPTS
 from host._locks import LockTable
+from host._meta import MetaFile, encode
 from host._recovery import reconcile, reconcile_turns
 from host._session import BIG_WRITE, Session, timed, turn_record
 from host._transcript import FileStamp, Transcript
@@ -71,17 +71,6 @@ class FsyncPolicy:
     def note(self, seconds: float) -> None:
         """Count a durable write whose latency (its time less its bytes') was ``seconds``."""
         self.average += (seconds - self.average) / 8
-
-
-class MetaFile(Struct, omit_defaults=True):
-    """``sessions/<id>.meta.json``: what a rebuilt index takes title and ``meta`` from."""
-
-    title: str | None = None
-    createdAt: str | None = None
-    meta: dict[str, Raw] | None = None
-
-
-_META_FILE = msgspec.json.Encoder()
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,10 +221,6 @@ class Registry:
         """The sessions whose checkpoint file may be there, in order."""
         return sorted(sid for sid, s in self.sessions.items() if s.has_checkpoint)
 
-    async def list(self) -> list[SessionRow]:
-        """Every session, most recently written first."""
-        return [r for r in await self.index.sessions() if r.session_id in self.sessions]
-
     async def create(self, sid: str, title: str | None, fork: Fork | None = None) -> bool:
         """Create a session durably; ``False`` when there is one (a retry, or a transcript
         copied in while the host runs: the file is the truth, indexed as start would).
@@ -254,7 +239,7 @@ class Registry:
             self.sessions[sid] = Session(sid, self)
             return False
         now, meta = now_iso(), None if fork is None else fork.meta
-        meta_file = _META_FILE.encode(MetaFile(title, now, meta))
+        meta_file = encode(MetaFile(title, now, meta))
 
         def transcript() -> None:
             if fork is None:

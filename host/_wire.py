@@ -111,8 +111,8 @@ class SessionSummary(Result, omit_defaults=False):
     title: str | None
     message_count: int
     updated_at: str
-    created_at: str = ""  # issue 35
-    meta: dict[str, Raw] | None = None
+    created_at: str
+    meta: dict[str, Raw] | None
 
 
 class ListResult(Result):

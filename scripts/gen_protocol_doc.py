@@ -995,7 +995,10 @@ costs in proportion to the page, whatever the number of sessions. Titles are at 
 @@MAX_TITLE@@ characters and `meta` @@MAX_META@@ bytes, so a page of @@LIST_PAGE_MAX@@
 stays far under the answer limit; a title stored before that bound (an older host took
 any) comes back clipped to @@MAX_TITLE@@ characters. `updatedAt` moves with writes to
-the transcript only: renaming a chat does not move it up the list.""",
+the transcript only: renaming a chat does not move it up the list. Pages follow the
+sessions' keys as they are when each page is read: a session written to (with `"updated"`),
+pinned or unpinned while you page moves, so it may be skipped or listed twice; sessions
+that do not change are listed once each.""",
     "session.update": """\
 Under the lock: sets the title (`null` removes it) and merges `meta`, a JSON object the app
 owns: each top-level key given replaces that key, a key set to `null` is removed, keys not
