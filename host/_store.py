@@ -252,6 +252,7 @@ class Registry:
         def make_files() -> FileStamp:
             try:
                 fs.unlink(layout.intent(sid))  # a deleted session's (its removal failed)
+                self.watch.forget(sid)  # a gone session's epoch: no old cursor holds
                 fs.write_atomic(layout.meta(sid), meta_file)
                 self.turnlog.create(sid)  # its name made durable with the transcript's
                 transcript()  # the commit

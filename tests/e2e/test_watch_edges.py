@@ -165,3 +165,26 @@ async def test_a_watcher_whose_reset_fails_is_told(client: Client, data_dir: Pat
     os.rename(aside, watch)
     assert [o for o in order if o.startswith("event:")] == ["event:appended", "event:reset"]
     assert await client.call("session.unwatch", watchId=w["watchId"]) == {"unwatched": False}
+
+
+async def test_a_cursor_of_a_session_removed_by_hand_is_not_honoured_by_its_successor(
+    start_host: StartHost, data_dir: Path
+) -> None:
+    """A session's files removed while the host was down (its epoch file left behind), then
+    a new session of that id: an old cursor names lines that are not there; it expires."""
+    host = await start_host()
+    assert host.client is not None
+    await host.client.handshake()
+    await host.client.call("session.create", sessionId="s")
+    await host.client.call("session.appendMessage", sessionId="s", message=msg("old"))
+    cursor = (await host.client.call("session.watch", sessionId="s"))["cursor"]
+    assert await host.stop() == 0
+    for path in (data_dir / "sessions").glob("s.*"):
+        path.unlink()
+    host = await start_host()
+    assert host.client is not None
+    await host.client.handshake()
+    await host.client.call("session.create", sessionId="s")
+    await host.client.call("session.appendMessage", sessionId="s", message=msg("new"))
+    got = await host.client.call("session.watch", sessionId="s", after=cursor)
+    assert got["cursor"] != cursor, "the old cursor was honoured against another transcript"
