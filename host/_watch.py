@@ -654,7 +654,8 @@ class WatchHub(Epochs):
 
     def _turns(self, sid: str, start: int, end: int) -> list[tuple[TurnRecord | None, int]]:
         """The turn log's records from byte ``start`` (at most :data:`_TURN_READ` bytes
-        of them, at least one), each with the byte it ends at."""
+        of them, at least one), each with the byte it ends at; ``None`` for one that is not
+        a record."""
         fd = open_regular(self.registry.layout.turns(sid))
         try:
             data = os.pread(fd, min(end - start, _TURN_READ), start)
@@ -670,7 +671,7 @@ class WatchHub(Epochs):
                 out.append((_TURN.decode(raw), pos))
             except msgspec.DecodeError:
                 out.append((None, pos))
-        return out
+        return out or [(None, end)]  # no whole line (cut by hand): passed over, not re-read
 
 
 def _turn_event(record: TurnRecord) -> TurnEvent:

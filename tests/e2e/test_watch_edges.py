@@ -188,3 +188,26 @@ async def test_a_cursor_of_a_session_removed_by_hand_is_not_honoured_by_its_succ
     await host.client.call("session.appendMessage", sessionId="s", message=msg("new"))
     got = await host.client.call("session.watch", sessionId="s", after=cursor)
     assert got["cursor"] != cursor, "the old cursor was honoured against another transcript"
+
+
+async def test_a_turn_log_cut_by_hand_is_passed_over_by_a_catch_up(
+    start_host: StartHost, tmp_path: Path, data_dir: Path
+) -> None:
+    """A turn log whose last record lost its newline (cut by hand while the host runs):
+    a catch-up over it replays the whole records and goes live (it spun for good)."""
+    host = await start_host(socket=tmp_path / "run" / "h.sock")
+    writer, late = await host.connect(), await host.connect()
+    await writer.handshake()
+    await late.handshake()
+    order, late_order = Order(writer), Order(late)
+    await writer.call("session.create", sessionId="s")
+    start = (await writer.call("session.watch", sessionId="s"))["cursor"]
+    await writer.call("session.beginTurn", sessionId="s", turnId="t1")
+    await writer.call("session.endTurn", sessionId="s", turnId="t1", status="completed")
+    log = data_dir / "sessions" / "s.turns.log"
+    log.write_bytes(log.read_bytes()[:-1])
+    await late.call("session.watch", sessionId="s", after=start)
+    async with asyncio.timeout(10):  # a publish reaches the late watcher once it is live
+        while "event:live" not in late_order:
+            await settle(writer, "s", order)
+    assert late_order.count("event:turn") == 1, late_order  # t1 begun; its end cut off
