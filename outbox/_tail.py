@@ -20,7 +20,7 @@ import signal
 import sys
 from typing import Any, TextIO
 
-from outbox._client import ClientError, HostClient, RemoteError
+from outbox._client import ClientError, HostClient
 from outbox._driver import text_of
 from outbox._watch import reconnect_to
 
@@ -111,6 +111,7 @@ async def tail(
     stopping = loop.create_task(stop.wait())
     resets = 0
     code = 0
+    shown = after  # the cursor after the last event shown: a reset's re-read may be half done
     try:
         while True:
             step = loop.create_task(anext(watch))
@@ -124,7 +125,7 @@ async def tail(
                 ev = step.result()
             except StopAsyncIteration:
                 break
-            except RemoteError as exc:
+            except ClientError as exc:  # refused, or the host not back within a deadline
                 print(f"watch: {exc}", file=sys.stderr)
                 code = 2
                 break
@@ -132,6 +133,7 @@ async def tail(
                 resets = watch.resets
                 printer.resets(resets)
             printer.show(ev)
+            shown = ev.get("cursor", shown)
     finally:
         stopping.cancel()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -139,8 +141,8 @@ async def tail(
         with contextlib.suppress(ClientError):
             await watch.aclose()
         await client.close()
-    if watch.cursor is not None and not as_json:
-        print(f"\nresume with: --after {watch.cursor}", file=sys.stderr)
+    if shown is not None and not as_json:
+        print(f"\nresume with: --after {shown}", file=sys.stderr)
     return code
 
 
