@@ -694,6 +694,10 @@ class Index:
         )
         return SessionRow(*rows[0]) if rows else None
 
+    async def meta_marked(self) -> list[str]:
+        """The sessions whose title and ``meta`` may not be their ``meta.json``'s."""
+        return [r[0] for r in await self._fetch("SELECT session_id FROM sessions WHERE meta_dirty")]
+
     async def sessions(self) -> list[SessionRow]:
         """Return every session, most recently written first."""
         rows = await self._fetch(

@@ -58,18 +58,6 @@ class Organise:
         self.registry = registry
         self.search = search
 
-    async def reload_meta(self) -> int:
-        """At start: read ``meta.json`` again for every session marked (an update cut
-        short, a row the index made from the files); return how many."""
-        rows = await self.search.read("SELECT session_id FROM sessions WHERE meta_dirty = 1")
-        meta = self.registry.layout.meta
-
-        def read_all() -> list[MetaRow]:
-            return [read_meta(meta(sid))[1].row(sid) for (sid,) in rows]
-
-        await self.registry.index.set_meta(await on_thread(read_all))
-        return len(rows)
-
     # -- session.list ---------------------------------------------------------------
 
     async def list_sessions(self, p: ListParams) -> ListResult:

@@ -341,6 +341,15 @@ async def reconcile_turns(store: Store, session_id: str, row: SessionRow | None)
     log.info("session %s: %d turn change(s) replayed from its log", session_id, len(records))
 
 
+async def reload_meta(store: Store) -> None:
+    """Read ``meta.json`` again for every session whose row is marked ``meta_dirty`` (an
+    update cut short between its mark and its row)."""
+    marked = await store.index.meta_marked()
+    layout = store.layout
+    rows = await on_thread(lambda: [read_meta(layout.meta(sid))[1].row(sid) for sid in marked])
+    await store.index.set_meta(rows)
+
+
 async def recover(store: Store, *, full: bool = False, rescan: Collection[str] = ()) -> Report:
     """Run start-up recovery over the whole data dir.
 
@@ -373,6 +382,7 @@ async def recover(store: Store, *, full: bool = False, rescan: Collection[str] =
         elif not row.matches(FileStamp.of(os.stat(store.layout.transcript(sid)))):
             await reconcile(store, sid, report=report)
         await reconcile_turns(store, sid, None if full else row)
+    await reload_meta(store)
     for name, value in report.as_counters().items():
         store.counters[name] = store.counters.get(name, 0) + value
     return report

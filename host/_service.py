@@ -177,7 +177,6 @@ class Host:
                 os.chmod(path, 0o600)
         host = cls(registry, Report(), limits)
         host.report = report = await recover_data_dir(registry, full=full)
-        await host.organise.reload_meta()  # issue 35
         log.info(
             "recovered %d session(s): %d reconciled, %d line(s) indexed, %d torn tail(s),"
             " %d line(s) quarantined, %d temp file(s) removed",
