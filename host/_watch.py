@@ -271,9 +271,6 @@ class Outlet:
     def paused(self) -> None:
         """The client takes no more for now: what its watchers are sent waits, bounded."""
         self.open = False
-        for w in list(self.ready):
-            if len(w.queue) > 1 and (w.queued > WATCH_QUEUE or len(w.queue) > WATCH_EVENTS):
-                self.overflow(w)
 
     def writable(self) -> None:
         """The client reads again: go on."""
@@ -306,7 +303,7 @@ class Outlet:
 class Watched:
     """A watched session: where its durable state stands, and who watches it."""
 
-    __slots__ = ("epoch", "lines", "live", "settling", "tag", "turns", "watchers")
+    __slots__ = ("epoch", "lines", "live", "noted", "settling", "tag", "turns", "watchers")
 
     def __init__(self, epoch: str, lines: int, turns: int, tag: int) -> None:
         self.epoch = epoch
@@ -318,6 +315,8 @@ class Watched:
         """Those told of each change (the others catch up from the files). Both lists are
         replaced, never changed in place: a change noted goes to the watchers live then."""
         self.settling = False
+        self.noted: list[tuple[list[Watcher], Cursor, Event]] = []
+        """Its changes noted while a call holds it: fanned out once that call lets go."""
 
     def cursor(self) -> Cursor:
         return Cursor(self.epoch, self.lines, self.turns, self.tag)
@@ -372,7 +371,8 @@ class WatchHub(Epochs):
         """The session was deleted (its epoch was forgotten before)."""
         st, s.watched = s.watched, None
         if st is not None:
-            self.fan_out()  # what was noted before goes first
+            self._out(st)  # what was noted before goes first
+            self.fan_out()
             for w in st.watchers:
                 w.outlet.end(w, DeletedEvent(), w.pos)
 
@@ -380,15 +380,22 @@ class WatchHub(Epochs):
         """Note a change for its watchers: fanned out once its call lets go of the session
         (:meth:`released`), so after that call's answer."""
         if st.live:
-            self.notes.append((st.live, st.cursor(), event))
+            st.noted.append((st.live, st.cursor(), event))
+
+    def _out(self, st: Watched) -> None:
+        """Hand the session's noted changes to the next fan-out."""
+        if st.noted:
+            self.notes += st.noted
+            st.noted = []
+            self.fan_out_soon()
 
     def released(self, session_id: str) -> None:
         """A call let go of the session: its changes go out (after its answer, written in
         the next pass), and if its epoch ended meanwhile, its watchers are reset."""
-        if self.notes:
-            self.fan_out_soon()
         s = self.sessions.get(session_id)
         st = s.watched if s is not None else None
+        if st is not None:
+            self._out(st)
         if s is None or st is None or st.settling or s.epoch == st.epoch:
             return
         st.settling = True
@@ -555,7 +562,8 @@ class WatchHub(Epochs):
     def _reset_all(self, st: Watched, s: Session, epoch: str) -> None:
         """The transcript was rewritten: each watcher's last event is a reset, whose cursor
         is the new epoch's lines as they are and the turn changes it was given."""
-        self.fan_out()  # what was noted before goes first
+        self._out(st)  # what was noted before goes first
+        self.fan_out()
         st.settling = False
         for w in st.watchers:
             at = Cursor(epoch, s.line_count, w.pos.turns, 0)
