@@ -46,6 +46,7 @@ from host._errors import InvalidParams, LimitExceeded
 from host._fs import on_thread, open_regular
 from host._index import Index, connect_read_only
 from host._layout import Layout
+from host._search_sql import FTS
 from host._surrogates import decode
 from host._wire import (
     MAX_QUERY,
@@ -68,7 +69,7 @@ MAX_TERMS = 16
 """Terms a query may hold."""
 DEAD_FLOOR = 100_000
 """Dead entries (words of changed or deleted documents, kept by a contentless table) the
-search index may hold before it is rebuilt; past it, once they outnumber live documents."""
+search index may hold before it is compacted; past it, once they outnumber live documents."""
 BATCH = 512
 """Queued messages indexed per transaction."""
 CATCH_UP = 2_000
@@ -452,6 +453,7 @@ class Search:
         self.runs, self.index.on_commit = True, self._wake.set
         loop = asyncio.get_running_loop()
         self._archived.update(os.listdir(self.layout.revisions_root))
+        await on_thread(self._db("writer").run, lambda c: _shadow_tables(c, make=False))
         self.archive.on_change = lambda sid: self._told(loop, sid)
         task = loop.create_task(self._run())
         self._wake.set()
@@ -481,9 +483,9 @@ class Search:
                 if not await self.work(log_progress=True):  # lines a rewrite was moving
                     asyncio.get_running_loop().call_later(0.2, self._wake.set)
                 live, dead = await on_thread(self._db("writer").run, _stats)
-                if dead > max(live, DEAD_FLOOR):  # what a rebuild frees: most of the index
-                    log.info("search index: %d dead entries, %d live: rebuilt", dead, live)
-                    await self.rebuild()
+                if dead > max(live, DEAD_FLOOR):  # what a compaction frees: most of the index
+                    log.info("search index: %d dead entries, %d live: compacting", dead, live)
+                    await self.compact()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # derived: the next commit (or start) tries again
@@ -646,6 +648,84 @@ class Search:
                     out += [(root, rev) for rev in self.archive.manifest(sid, root)]
         return out
 
+    async def compact(self) -> None:
+        """Make the full-text tables again from the live documents, beside the old ones
+        (searched meanwhile), a batch at a time between the indexer's passes; then swap
+        them in, in one transaction. Their dead entries go; doc ids stay."""
+        writer = self._db("writer")
+        await on_thread(writer.run, _shadow_tables)
+        after, copied = 0, 0
+        while True:
+            async with self._busy:
+                after, n = await on_thread(writer.run, self._copy_docs, after, False)
+            if n == 0:
+                break
+            copied += n
+        async with self._busy:
+            await on_thread(writer.run, self._swap, after)
+        log.info("search index: compacted (%d documents)", copied)
+
+    def _copy_docs(self, conn: sqlite3.Connection, after: int, swap: bool) -> tuple[int, int]:
+        """Copy the texts of the next :data:`BATCH` documents after ``after`` into the new
+        tables, read from their lines (blocking); return the last doc and how many."""
+        rows = conn.execute(
+            "SELECT d.doc, d.tools, d.message_id, d.root_id, coalesce(d.offset, m.offset),"
+            " coalesce(d.length, m.length), d.session_id, d.file FROM search_docs d"
+            " LEFT JOIN messages m ON d.root_id IS NULL AND m.session_id = d.session_id AND"
+            " m.message_id = d.message_id WHERE d.doc > ? ORDER BY d.doc LIMIT ?",
+            (after, BATCH),
+        ).fetchall()
+        made: list[tuple[str, int, str]] = []
+        fds: dict[str, int] = {}
+        try:
+            for doc, tools, mid, root, offset, length, sid, file in rows:
+                path = (
+                    self.layout.transcript(sid)
+                    if root is None
+                    else os.path.join(self.layout.revisions(sid), root, file)
+                )
+                got = None if offset is None else _read_line(fds, path, offset, length)
+                if got is not None and got[0] == mid:  # else moved: queued, made again
+                    table = "search_archive" if root else "search_tools" if tools else "search_text"
+                    made.append((table, doc, fts_text(got[3] if tools else got[2])))
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+        if not swap:
+            conn.execute("BEGIN IMMEDIATE")
+        try:
+            for table, doc, text in made:
+                conn.execute(f"INSERT INTO {table}_next (rowid, text) VALUES (?, ?)", (doc, text))
+            if not swap:
+                conn.execute("COMMIT")
+        except BaseException:
+            if not swap:
+                conn.execute("ROLLBACK")
+            raise
+        return (rows[-1][0] if rows else after), len(rows)
+
+    def _swap(self, conn: sqlite3.Connection, after: int) -> None:
+        """Copy what was made since, then put the new tables in the old ones' place: one
+        transaction (blocking; no indexing runs meanwhile)."""
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            while True:
+                after, n = self._copy_docs(conn, after, True)
+                if n == 0:
+                    break
+            dead = 0
+            for table in _TABLES:
+                rows = conn.execute(f"SELECT count(*) FROM {table}_next_docsize").fetchone()[0]
+                dead += rows
+                conn.execute(f"DROP TABLE {table}")
+                conn.execute(f"ALTER TABLE {table}_next RENAME TO {table}")
+            live = conn.execute("SELECT count(*) FROM search_docs").fetchone()[0]
+            conn.execute("UPDATE search_stats SET live = ?, dead = ?", (live, dead - live))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
     async def rebuild(self) -> None:
         """Make the search index again from the transcripts (``verify --repair``)."""
         self._archived.update(os.listdir(self.layout.revisions_root))
@@ -723,10 +803,22 @@ def _count(conn: sqlite3.Connection) -> int:
     return int(conn.execute("SELECT count(*) FROM search_queue").fetchone()[0])
 
 
+_TABLES = ("search_text", "search_tools", "search_archive")
+
+
+def _shadow_tables(conn: sqlite3.Connection, *, make: bool = True) -> None:
+    """Empty full-text tables beside the searched ones, for a compaction (those a crash
+    left are dropped first; ``make=False``: only that)."""
+    for table in _TABLES:
+        conn.execute(f"DROP TABLE IF EXISTS {table}_next")
+        if make:
+            conn.execute(f"CREATE VIRTUAL TABLE {table}_next USING fts5(text, {FTS})")
+
+
 def _clear(conn: sqlite3.Connection) -> None:
     """Drop every document and queue every message (blocking)."""
     conn.execute("BEGIN IMMEDIATE")
-    for table in ("search_text", "search_tools", "search_archive"):
+    for table in _TABLES:
         conn.execute(f"INSERT INTO {table}({table}) VALUES ('delete-all')")
     conn.execute("DELETE FROM search_docs")
     conn.execute("UPDATE search_stats SET live = 0, dead = 0")
@@ -742,7 +834,7 @@ def _optimize(conn: sqlite3.Connection) -> None:
     """Merge the full-text index's segments (blocking), as 'optimize' would, in steps of
     its own transaction each: one 'optimize' of a million documents would hold the write
     lock for longer than the host's index waits for it."""
-    for table in ("search_text", "search_tools", "search_archive"):
+    for table in _TABLES:
         for _ in range(100_000):
             before = conn.total_changes
             conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('merge', -500)")

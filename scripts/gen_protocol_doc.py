@@ -623,8 +623,8 @@ read and the write inside one hold of the lock instead:
   search index, `search.building`: 1 while a large queue is being built (the log says how
   far), `search.indexed`: documents made since start, `search.live`: documents searched,
   `search.dead`: entries of documents changed or gone whose words the full-text tables
-  still hold (past @@DEAD_FLOOR@@, once they outnumber the live documents, the search
-  index is rebuilt in the background: searches say `partial` meanwhile);
+  still hold (past @@DEAD_FLOOR@@, once they outnumber the live documents, the full-text
+  tables are made again beside the searched ones and swapped in: searches go on whole);
   `fsyncs.onLoop`: 1 while durable writes
   of up to 1 MiB run on the event loop, the disk's latency being low, 0 while they run on
   a thread, as they do on a slow disk: docs/design.md, "Append"); `methods`

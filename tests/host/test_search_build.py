@@ -80,28 +80,62 @@ async def _stats(c: Any) -> tuple[int, int, int]:
     return counters["search.live"], counters["search.dead"], counters["search.pending"]
 
 
-async def test_dead_entries_past_the_live_ones_rebuild_the_index(
+async def test_dead_entries_past_the_live_ones_are_compacted_while_searches_go_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A contentless table keeps the words of a changed message: bounded by a rebuild once
-    they outnumber the live documents (past ``DEAD_FLOOR``)."""
+    """A contentless table keeps the words of a changed message: bounded by a compaction
+    once they outnumber the live documents (past ``DEAD_FLOOR``), made beside the searched
+    tables, so a search meanwhile is whole."""
     monkeypatch.setattr(_search, "DEAD_FLOOR", 50)
     caplog.set_level(logging.INFO, logger="host.search")
+    gate, copying, copy = threading.Event(), threading.Event(), _search.Search._copy_docs
+
+    def gated(self: Any, *args: Any) -> Any:  # the compaction's copy waits for the gate
+        copying.set()
+        assert gate.wait(60)
+        return copy(self, *args)
+
+    monkeypatch.setattr(_search.Search, "_copy_docs", gated)
     async with open_host(str(tmp_path / "data")) as c:
+        await c("session.create", sessionId="r")  # an archived revision, compacted too
+        await c("session.appendMessage", sessionId="r", message=msg("u1", "user", "ask"))
+        answer = msg("a1", "assistant", content="about walruses")
+        await c("session.appendMessage", sessionId="r", message=answer)
+        await c("session.truncateFrom", sessionId="r", fromMessageId="a1")
+        await c("session.search", query="walrus", scope="all")  # indexed, archive synced
+        live, dead, _ = await _stats(c)
         await c("session.create", sessionId="s")
         for round_ in range(3):
             batch = [msg(f"m{i}", content=f"lighthouse{round_} {i}") for i in range(30)]
             await c("session.replaceMessages", sessionId="s", messages=batch)
             if round_ == 1:  # 30 made, then 30 made and 30 gone: below the floor
                 await c("session.search", query="lighthouse1")  # indexes what is queued
-                assert await _stats(c) == (30, 30, 0)
-        for _ in range(200):  # the background pass after the third: 60 dead, a rebuild
-            if (await _stats(c))[1:] == (0, 0):
+                assert await _stats(c) == (live + 30, dead + 30, 0)
+        assert await asyncio.to_thread(copying.wait, 60)  # the third pass: compacting
+        got = await c("session.search", query="lighthouse2", limit=100)
+        assert len(got["hits"]) == 30 and got["partial"] is False, got
+        gate.set()
+        for _ in range(200):
+            if (await _stats(c))[1] == 0:
                 break
             await asyncio.sleep(0.05)
-        assert await _stats(c) == (30, 0, 0)
+        assert await _stats(c) == (live + 30, 0, 0)
         got = await c("session.search", query="lighthouse2", limit=100)
         assert len(got["hits"]) == 30 and got["partial"] is False
         assert (await c("session.search", query="lighthouse1"))["hits"] == []
+        (hit,) = (await c("session.search", query="walrus", scope="all"))["hits"]
+        assert (hit["messageId"], hit["rootId"]) == ("a1", "u1")
+    index = sqlite3.connect(tmp_path / "data" / "index.sqlite3")
+    try:  # the full-text table holds the live documents' entries, no dead ones
+        entries = sum(
+            index.execute(f"SELECT count(*) FROM {table}_docsize").fetchone()[0]
+            for table in ("search_text", "search_tools", "search_archive")
+        )
+        assert entries == live + 30
+        names = index.execute("SELECT name FROM sqlite_master WHERE name LIKE '%_next%'")
+        assert names.fetchall() == []
+    finally:
+        index.close()
     logged = [r.getMessage() for r in caplog.records]
-    assert "search index: 60 dead entries, 30 live: rebuilt" in logged, logged
+    assert f"search index: {dead + 60} dead entries, {live + 30} live: compacting" in logged
+    assert f"search index: compacted ({live + 30} documents)" in logged, logged
