@@ -167,13 +167,28 @@ async def search_figures(args: argparse.Namespace, data: Path) -> None:
                 n = 3 + i % 2
                 at = rng.randrange(max(1, len(t) - n))
                 q, scope = t[at : at + n], {}
-            else:  # 1 or 2 characters, within one session (all its matches are ranked)
+            else:  # 1 or 2 characters, within one session (its most recent 2,000 matches)
                 q, scope = t[: 1 + i % 2], {"session_id": sid}
             want = {k for k, v in lines.items() if q in v and k[0] == scope.get("session_id", k[0])}
             found = await _all_hits(host, q, **scope)
             agree += found == want
             notes.append(f"{q}:{len(want)}{'' if found == want else '!=' + str(len(found))}")
         print(f"CJK: {agree}/20 queries equal to a brute-force scan ({' '.join(notes)})")
+
+        t0, during = time.perf_counter(), []  # a compaction, searched all along
+        compacting = asyncio.create_task(host.search.compact())
+        while not compacting.done():
+            t = time.perf_counter()
+            r = await host.search.search(SearchParams(query="the", limit=20))
+            during.append(time.perf_counter() - t)
+            assert not r.partial and len(r.hits) == 20, r
+            await asyncio.sleep(0.05)
+        await compacting
+        print(
+            f"compaction (the full-text tables made again beside the searched ones, then"
+            f" swapped in): {time.perf_counter() - t0:.1f} s; {len(during)} searches for"
+            f" 'the' meanwhile, all whole, p95 {_p95(during):.1f} ms"
+        )
 
 
 async def list_figures(args: argparse.Namespace, data: Path) -> None:
