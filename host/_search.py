@@ -713,14 +713,14 @@ class Search:
                 after, n = self._copy_docs(conn, after, True)
                 if n == 0:
                     break
-            dead = 0
+            entries = 0
             for table in _TABLES:
-                rows = conn.execute(f"SELECT count(*) FROM {table}_next_docsize").fetchone()[0]
-                dead += rows
+                entries += conn.execute(f"SELECT count(*) FROM {table}_next_docsize").fetchone()[0]
                 conn.execute(f"DROP TABLE {table}")
                 conn.execute(f"ALTER TABLE {table}_next RENAME TO {table}")
             live = conn.execute("SELECT count(*) FROM search_docs").fetchone()[0]
-            conn.execute("UPDATE search_stats SET live = ?, dead = ?", (live, dead - live))
+            dead = max(0, entries - live)  # (a line that could not be read: queued, made again)
+            conn.execute("UPDATE search_stats SET live = ?, dead = ?", (live, dead))
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
