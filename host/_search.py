@@ -661,6 +661,9 @@ class Search:
             if n == 0:
                 break
             copied += n
+            if self._wake.is_set():  # what was written meanwhile is indexed as it comes
+                self._wake.clear()
+                await self.work()
         async with self._busy:
             await on_thread(writer.run, self._swap, after)
         log.info("search index: compacted (%d documents)", copied)
