@@ -23,10 +23,10 @@ Three parts:
   does not read never slows a writer or another watcher.
 - :class:`Watcher`: one watch.
 
-A hook only notes the change (its cursor and its event, not encoded) with the watchers
-live then: the fan-out runs after the call's answer is written, in one pass of the loop,
-each change encoded once for all its watchers, each connection handed its lines in one
-write. A watcher catching up holds its session only to read a chunk, and reads the next
+A hook only notes the change (its cursor and its event, not encoded) on its session, with
+the watchers live then: when the call lets go of the session, the fan-out runs after its
+answer is written, in one pass of the loop, each change encoded once for all its watchers,
+each connection handed its lines in one write (at once past ``DRAIN_STEP``). A watcher catching up holds its session only to read a chunk, and reads the next
 chunk only once its client took the last: the files are its buffer, not memory.
 """
 
