@@ -26,8 +26,9 @@ Three parts:
 A hook only notes the change (its cursor and its event, not encoded) on its session, with
 the watchers live then: when the call lets go of the session, the fan-out runs after its
 answer is written, in one pass of the loop, each change encoded once for all its watchers,
-each connection handed its lines in one write (at once past ``DRAIN_STEP``). A watcher catching up holds its session only to read a chunk, and reads the next
-chunk only once its client took the last: the files are its buffer, not memory.
+each connection handed its lines in one write (at once past ``DRAIN_STEP``). A watcher
+catching up holds its session only to read a chunk, and reads the next chunk only once its
+client took the last: the files are its buffer, not memory.
 """
 
 from __future__ import annotations
