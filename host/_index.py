@@ -135,6 +135,9 @@ class MetaRow(NamedTuple):
 
 
 _ENC = msgspec.json.Encoder()
+_SET_META = (
+    "UPDATE sessions SET title = ?, meta = ?, pinned = ?, meta_dirty = 0 WHERE session_id = ?"
+)
 
 
 @dataclass(slots=True)
@@ -669,11 +672,7 @@ class Index:
     async def set_meta(self, rows: Iterable[MetaRow]) -> None:
         """Record sessions' title and ``meta`` as their ``meta.json`` holds them now."""
         async with self.transaction() as db:
-            await db.executemany(
-                "UPDATE sessions SET title = ?, meta = ?, pinned = ?, meta_dirty = 0"
-                " WHERE session_id = ?",
-                list(rows),
-            )
+            await db.executemany(_SET_META, list(rows))
 
     async def _rollback(self) -> None:
         if self._conn.in_transaction:
@@ -821,13 +820,16 @@ class Index:
         )
         return [(str(a), str(b), c) for a, b, c in rows]
 
-    async def create_session(self, row: SessionRow) -> None:
-        """Insert a new session."""
+    async def create_session(self, row: SessionRow, meta: MetaRow | None = None) -> None:
+        """Insert a new session (with its title and ``meta`` as its ``meta.json`` holds
+        them, in the same transaction)."""
         async with self.transaction() as db:
             await db.execute(
                 f"INSERT INTO sessions ({_SESSION_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 dataclasses.astuple(row),
             )
+            if meta is not None:
+                await db.execute(_SET_META, meta)
 
     async def delete_session(self, cache: RowCache) -> None:
         """Remove a session and all its rows and turns."""

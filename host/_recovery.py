@@ -260,13 +260,11 @@ async def reconcile(
         if dupes:
             await reconcile(store, session_id, full=True, report=report)
             return
-    meta = None
     if hint is None:  # its title and meta from its meta file, as a rebuilt index has them
         _, meta = await on_thread(read_meta, store.layout.meta(session_id))
         created = created_at(meta)
-        await store.index.create_session(
-            SessionRow(session_id, meta.title, created, created, 0, 0, 0, 0)
-        )
+        row = SessionRow(session_id, meta.title, created, created, 0, 0, 0, 0)
+        await store.index.create_session(row, meta.row(session_id))
     await store.index.replace_rows(
         store.cache_of(session_id),
         result.rows,
@@ -275,8 +273,6 @@ async def reconcile(
         _mtime_iso(stamp),
         keep_from=start_line,
     )
-    if meta is not None:
-        await store.index.set_meta([meta.row(session_id)])
     log.info(
         "session %s reconciled: %d line(s) indexed from line %d%s%s",
         session_id,

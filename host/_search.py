@@ -35,7 +35,7 @@ import sqlite3
 import threading
 import time
 import unicodedata
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO, TypeVar
 
@@ -364,12 +364,7 @@ def _hits(
         while pos < len(cands) and len(hits) < limit:
             r, tools, sid, mid, line, offset, length, _, root, rev, file = cands[pos]
             pos += 1
-            path = (
-                layout.transcript(sid)
-                if root is None
-                else os.path.join(layout.revisions(sid), root, file)
-            )
-            got = _read_line(fds, path, offset, length)
+            got = _read_line(fds, _line_path(layout, sid, root, file), offset, length)
             if got is None or got[0] != mid:
                 continue  # moved by a change since: its new version is queued
             text = got[3] if tools else got[2]
@@ -390,6 +385,13 @@ def _hits(
         for fd in fds.values():
             os.close(fd)
     return hits, pos
+
+
+def _line_path(layout: Layout, sid: str, root: str | None, file: str | None) -> str:
+    """The file a document's line is in: its session's transcript, or an archived payload."""
+    if root is None or file is None:
+        return layout.transcript(sid)
+    return os.path.join(layout.revisions(sid), root, file)
 
 
 def _read_line(
@@ -563,9 +565,8 @@ class Search:
             for fd in fds.values():
                 os.close(fd)
         made = gone = left = 0
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            done: list[tuple[int]] = []
+        done: list[tuple[int]] = []
+        with _writing(conn):
             for (sid, mid), (seqs, _, _, docs) in items.items():
                 if conn.execute(  # changed again: its newest entry makes its documents
                     "SELECT 1 FROM search_queue WHERE session_id = ? AND message_id = ?"
@@ -581,10 +582,6 @@ class Search:
                     made, gone = made + n, gone + dropped
             _counted(conn, made, gone)
             conn.executemany("DELETE FROM search_queue WHERE seq = ?", done)
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
         for (seq,) in done:
             self._tries.pop(seq, None)
         return len(rows), last, made, left
@@ -616,8 +613,7 @@ class Search:
                         if t
                     ]
                     offset += len(data) + 1
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with _writing(conn):
             gone = [(d,) for key in have.keys() - live for d in have[key]]
             if not conn.execute("SELECT 1 FROM sessions WHERE session_id = ?", (sid,)).fetchone():
                 gone, new = [], []  # deleted meanwhile: its documents went with its row
@@ -633,10 +629,6 @@ class Search:
                     "INSERT INTO search_archive (rowid, text) VALUES (?, ?)",
                     (cur.lastrowid, row[10]),
                 )
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
 
     def _revisions(self, sid: str) -> list[tuple[str, Any]]:
         """``(root, revision)`` of every revision the session's manifests name (a root
@@ -657,7 +649,7 @@ class Search:
         after, copied = 0, 0
         while True:
             async with self._busy:
-                after, n = await on_thread(writer.run, self._copy_docs, after, False)
+                after, n = await on_thread(writer.run, self._copy_batch, after)
             if n == 0:
                 break
             copied += n
@@ -668,9 +660,20 @@ class Search:
             await on_thread(writer.run, self._swap, after)
         log.info("search index: compacted (%d documents)", copied)
 
-    def _copy_docs(self, conn: sqlite3.Connection, after: int, swap: bool) -> tuple[int, int]:
-        """Copy the texts of the next :data:`BATCH` documents after ``after`` into the new
-        tables, read from their lines (blocking); return the last doc and how many."""
+    def _copy_batch(self, conn: sqlite3.Connection, after: int) -> tuple[int, int]:
+        """Copy the next :data:`BATCH` documents after ``after`` into the new tables, their
+        lines read before the write (blocking); return the last doc and how many."""
+        last, n, copies = self._next_texts(conn, after)
+        with _writing(conn):
+            _insert_next(conn, copies)
+        return last, n
+
+    def _next_texts(
+        self, conn: sqlite3.Connection, after: int
+    ) -> tuple[int, int, list[tuple[str, int, str]]]:
+        """The next :data:`BATCH` documents after ``after``: the last one, how many, and
+        ``(table, doc, text)`` of each read from its line (one moved since is left out: its
+        message is queued, its documents made again)."""
         rows = conn.execute(
             "SELECT d.doc, d.tools, d.message_id, d.root_id, coalesce(d.offset, m.offset),"
             " coalesce(d.length, m.length), d.session_id, d.file FROM search_docs d"
@@ -678,44 +681,28 @@ class Search:
             " m.message_id = d.message_id WHERE d.doc > ? ORDER BY d.doc LIMIT ?",
             (after, BATCH),
         ).fetchall()
-        made: list[tuple[str, int, str]] = []
+        out: list[tuple[str, int, str]] = []
         fds: dict[str, int] = {}
         try:
             for doc, tools, mid, root, offset, length, sid, file in rows:
-                path = (
-                    self.layout.transcript(sid)
-                    if root is None
-                    else os.path.join(self.layout.revisions(sid), root, file)
-                )
+                path = _line_path(self.layout, sid, root, file)
                 got = None if offset is None else _read_line(fds, path, offset, length)
-                if got is not None and got[0] == mid:  # else moved: queued, made again
+                if got is not None and got[0] == mid:
                     table = "search_archive" if root else "search_tools" if tools else "search_text"
-                    made.append((table, doc, fts_text(got[3] if tools else got[2])))
+                    out.append((table, doc, fts_text(got[3] if tools else got[2])))
         finally:
             for fd in fds.values():
                 os.close(fd)
-        if not swap:
-            conn.execute("BEGIN IMMEDIATE")
-        try:
-            for table, doc, text in made:
-                conn.execute(f"INSERT INTO {table}_next (rowid, text) VALUES (?, ?)", (doc, text))
-            if not swap:
-                conn.execute("COMMIT")
-        except BaseException:
-            if not swap:
-                conn.execute("ROLLBACK")
-            raise
-        return (rows[-1][0] if rows else after), len(rows)
+        return (rows[-1][0] if rows else after), len(rows), out
 
     def _swap(self, conn: sqlite3.Connection, after: int) -> None:
         """Copy what was made since, then put the new tables in the old ones' place: one
         transaction (blocking; no indexing runs meanwhile)."""
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            while True:
-                after, n = self._copy_docs(conn, after, True)
-                if n == 0:
-                    break
+        with _writing(conn):
+            n = 1
+            while n:
+                after, n, copies = self._next_texts(conn, after)
+                _insert_next(conn, copies)
             entries = 0
             for table in _TABLES:
                 entries += conn.execute(f"SELECT count(*) FROM {table}_next_docsize").fetchone()[0]
@@ -724,10 +711,6 @@ class Search:
             live = conn.execute("SELECT count(*) FROM search_docs").fetchone()[0]
             dead = max(0, entries - live)  # (a line that could not be read: queued, made again)
             conn.execute("UPDATE search_stats SET live = ?, dead = ?", (live, dead))
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
 
     async def rebuild(self) -> None:
         """Make the search index again from the transcripts (``verify --repair``)."""
@@ -809,6 +792,24 @@ def _count(conn: sqlite3.Connection) -> int:
 _TABLES = ("search_text", "search_tools", "search_archive")
 
 
+@contextlib.contextmanager
+def _writing(conn: sqlite3.Connection) -> Iterator[None]:
+    """One write transaction (``BEGIN IMMEDIATE``): committed, or rolled back on any error."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+def _insert_next(conn: sqlite3.Connection, copies: list[tuple[str, int, str]]) -> None:
+    """A compaction's documents into the new tables."""
+    for table, doc, text in copies:
+        conn.execute(f"INSERT INTO {table}_next (rowid, text) VALUES (?, ?)", (doc, text))
+
+
 def _shadow_tables(conn: sqlite3.Connection, *, make: bool = True) -> None:
     """Empty full-text tables beside the searched ones, for a compaction (those a crash
     left are dropped first; ``make=False``: only that)."""
@@ -820,17 +821,16 @@ def _shadow_tables(conn: sqlite3.Connection, *, make: bool = True) -> None:
 
 def _clear(conn: sqlite3.Connection) -> None:
     """Drop every document and queue every message (blocking)."""
-    conn.execute("BEGIN IMMEDIATE")
-    for table in _TABLES:
-        conn.execute(f"INSERT INTO {table}({table}) VALUES ('delete-all')")
-    conn.execute("DELETE FROM search_docs")
-    conn.execute("UPDATE search_stats SET live = 0, dead = 0")
-    conn.execute("DELETE FROM search_queue")
-    conn.execute(
-        "INSERT INTO search_queue (session_id, message_id)"
-        " SELECT session_id, message_id FROM messages ORDER BY session_id, line"
-    )
-    conn.execute("COMMIT")
+    with _writing(conn):
+        for table in _TABLES:
+            conn.execute(f"INSERT INTO {table}({table}) VALUES ('delete-all')")
+        conn.execute("DELETE FROM search_docs")
+        conn.execute("UPDATE search_stats SET live = 0, dead = 0")
+        conn.execute("DELETE FROM search_queue")
+        conn.execute(
+            "INSERT INTO search_queue (session_id, message_id)"
+            " SELECT session_id, message_id FROM messages ORDER BY session_id, line"
+        )
 
 
 def _optimize(conn: sqlite3.Connection) -> None:

@@ -5,8 +5,8 @@ the code that uses the index.
 
 - ``sessions.meta`` (the app's object, as ``meta.json`` holds it), ``pinned`` (1 when
   ``meta.pinned`` is ``true``), ``meta_dirty`` (the title and ``meta`` may not be
-  ``meta.json``'s: set, synced, before an update writes the file, and by every row made
-  from the files, which has no file stamp yet; the start reads the file again). The
+  ``meta.json``'s: set, synced, before an update writes the file; the start reads the
+  file again; a row made from the files takes both in its own transaction). The
   list's keyset indexes (all, pinned, unpinned: a ``pinnedFirst`` page walks only the
   rows of its phase).
 - ``search_text`` and ``search_tools``: FTS5, contentless (the transcripts hold the text:
@@ -47,9 +47,6 @@ MIGRATION = (
     CREATE INDEX sessions_pinned_created ON sessions (created_at, session_id) WHERE pinned = 1;
     CREATE INDEX sessions_unpinned_updated ON sessions (updated_at, session_id) WHERE pinned = 0;
     CREATE INDEX sessions_unpinned_created ON sessions (created_at, session_id) WHERE pinned = 0;
-    CREATE TRIGGER sessions_meta_unread AFTER INSERT ON sessions WHEN NEW.file_ino = 0 BEGIN
-        UPDATE sessions SET meta_dirty = 1 WHERE session_id = NEW.session_id;
-    END;
     CREATE VIRTUAL TABLE search_text USING fts5(text, {FTS});
     CREATE VIRTUAL TABLE search_tools USING fts5(text, {FTS});
     CREATE VIRTUAL TABLE search_archive USING fts5(text, {FTS});

@@ -267,10 +267,10 @@ class Registry:
             if fork is None:
                 row = SessionRow(sid, title, now, now, 0, 0, st.ino, st.mtime_ns)
                 await self.index.create_session(row)
-            else:  # no stamp: a row made from the files, its meta read again at a start
-                await self.index.create_session(SessionRow(sid, title, now, now, 0, 0, 0, 0))
+            else:  # no stamp until its rows are in: a cut between, and a start rescans it
+                row = SessionRow(sid, title, now, now, 0, 0, 0, 0)
+                await self.index.create_session(row, MetaRow.of(sid, title, meta))
                 await self.index.replace_rows(s.cache, fork.rows, st, len(fork.rows), now)
-                await self.index.set_meta([MetaRow.of(sid, title, meta)])
         except Exception as exc:  # made: indexed from its files before it is served
             log.error("session %s: created, its index row not: %s", sid, exc)
             s.lags()

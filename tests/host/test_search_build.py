@@ -88,14 +88,14 @@ async def test_dead_entries_past_the_live_ones_are_compacted_while_searches_go_o
     tables, so a search meanwhile is whole."""
     monkeypatch.setattr(_search, "DEAD_FLOOR", 50)
     caplog.set_level(logging.INFO, logger="host.search")
-    gate, copying, copy = threading.Event(), threading.Event(), _search.Search._copy_docs
+    gate, copying, copy = threading.Event(), threading.Event(), _search.Search._copy_batch
 
     def gated(self: Any, *args: Any) -> Any:  # the compaction's copy waits for the gate
         copying.set()
         assert gate.wait(60)
         return copy(self, *args)
 
-    monkeypatch.setattr(_search.Search, "_copy_docs", gated)
+    monkeypatch.setattr(_search.Search, "_copy_batch", gated)
     async with open_host(str(tmp_path / "data")) as c:
         await c("session.create", sessionId="r")  # an archived revision, compacted too
         await c("session.appendMessage", sessionId="r", message=msg("u1", "user", "ask"))
