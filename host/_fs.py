@@ -17,7 +17,7 @@ import functools
 import logging
 import os
 import stat
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeAlias, TypeVar
 
 T = TypeVar("T")
@@ -54,21 +54,32 @@ if _fallocate is not None:
 async def on_thread(fn: Callable[..., T], /, *args: Any) -> T:
     """Run ``fn(*args)`` on a worker thread; return (or raise) only once it has ended.
 
-    A cancel that arrives meanwhile is raised after the thread's work, never before: the
-    caller still holds its session while the thread writes, and its cleanup runs after
-    it (trio's ``abandon_on_cancel=False``; ``asyncio.to_thread`` abandons the thread,
-    and a rewrite renamed over a transcript after its session had passed to the next
-    call, dropping that call's acknowledged append).
+    A cancel that arrives meanwhile is raised after the thread's work, never before
+    (:func:`completed`): the caller still holds its session while the thread writes, and
+    its cleanup runs after it (trio's ``abandon_on_cancel=False``; ``asyncio.to_thread``
+    abandons the thread, and a rewrite renamed over a transcript after its session had
+    passed to the next call, dropping that call's acknowledged append).
     """
     loop = asyncio.get_running_loop()
     run = functools.partial(contextvars.copy_context().run, fn, *args)
-    work = loop.run_in_executor(None, run)
+    return await completed(loop.run_in_executor(None, run))
+
+
+async def completed(work: Awaitable[T]) -> T:
+    """Await ``work`` to its end: a cancel that arrives meanwhile is raised after it.
+
+    The work's own failure is then logged and dropped for the cancel (the caller's cleanup
+    runs anyway): left unretrieved, the collector logs it later with its traceback.
+    """
+    future = asyncio.ensure_future(work)
     try:
-        return await asyncio.shield(work)
+        return await asyncio.shield(future)
     except asyncio.CancelledError:
-        while not work.done():
+        while not future.done():
             with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait([work])
+                await asyncio.wait([future])
+        if not future.cancelled() and (exc := future.exception()) is not None:
+            log.warning("work failed after its call was cancelled: %r", exc)
         raise
 
 

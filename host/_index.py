@@ -38,7 +38,7 @@ import aiosqlite
 import msgspec
 from msgspec import Raw
 
-from host._fs import FileSystem
+from host._fs import FileSystem, completed
 from host._transcript import FileStamp
 from host._turnlog import TurnRecord
 
@@ -422,7 +422,7 @@ class Index:
                     )
                     await self._conn.execute("COMMIT")
                 except BaseException:
-                    await asyncio.shield(self._conn.execute("ROLLBACK"))
+                    await completed(self._conn.execute("ROLLBACK"))
                     raise
 
     async def _synchronous(self, level: str) -> int:
@@ -638,14 +638,14 @@ class Index:
                     yield self._conn
                     await self._conn.execute("COMMIT")
                 except BaseException:
-                    await asyncio.shield(self._rollback())
+                    await completed(self._rollback())
                     raise
                 self.fs.sqlite_committed(self._full if durable else self._normal)
                 if self.on_commit is not None:  # issue 35 hook
                     self.on_commit()
             finally:
                 if durable:
-                    await asyncio.shield(self._conn.execute("PRAGMA synchronous=NORMAL"))
+                    await completed(self._conn.execute("PRAGMA synchronous=NORMAL"))
 
     async def mark_dirty(self, session_id: str) -> None:
         """Record, durably, that a change other than an append is about to reach the transcript.

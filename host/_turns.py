@@ -9,13 +9,13 @@ Promotion never writes an empty assistant row.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from msgspec import UNSET, Raw
 
 from host._checkpoints import Checkpoint
 from host._errors import AgentBusy, InvalidParams, NotFound
+from host._fs import completed
 from host._messages import Head, Message, Status, incoming_head, parse_incoming, parse_stored
 from host._recovery import quarantine
 from host._session import Session
@@ -67,7 +67,7 @@ class TurnMethods:
         try:
             line, _ = await self.sessions.append_locked(s, prompt, tid)
         except BaseException:
-            await asyncio.shield(s.record_turn(tid, "void"))
+            await completed(s.record_turn(tid, "void"))
             raise
         await s.prompt_stored(tid)
         return BeginTurnResult(turn_id=tid, line=line)
