@@ -183,14 +183,18 @@ class _FileWriter:
 
     What is written goes out by itself, in a thread, one write at a time: an answer done
     at once (no task) is never drained, and two drains never write to the file together.
+    A write that fails (a full disk, ``/dev/full``) loses the answers as a closed pipe
+    does: the client is gone (``ConnectionError``), its calls still run.
     """
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.buf: list[bytes] = []
         self._writing: asyncio.Task[None] | None = None
+        self.failed: OSError | None = None
 
     def write(self, data: bytes) -> None:
+        self._raise_failed()
         self.buf.append(data)
         if self._writing is None:
             self._writing = asyncio.get_running_loop().create_task(self._write_out())
@@ -200,6 +204,8 @@ class _FileWriter:
             while self.buf:
                 data, self.buf = b"".join(self.buf), []
                 await on_thread(_write_all, self.fd, data)
+        except OSError as exc:
+            self.failed, self.buf = exc, []
         finally:
             self._writing = None
 
@@ -207,6 +213,11 @@ class _FileWriter:
         """Wait until everything written so far is out."""
         while self._writing is not None:
             await asyncio.shield(self._writing)
+        self._raise_failed()
+
+    def _raise_failed(self) -> None:
+        if self.failed is not None:
+            raise ConnectionError(f"stdout cannot be written: {self.failed}")
 
     def queued(self) -> int:
         return sum(map(len, self.buf))

@@ -87,6 +87,25 @@ async def test_dev_null_on_stdin_and_stdout_is_an_empty_connection(
     assert await serve(tmp_path / "data", os.devnull, os.devnull, loop) == 0
 
 
+@pytest.mark.parametrize("loop", LOOPS)
+async def test_answers_into_a_full_device_end_the_client_not_the_calls(
+    tmp_path: Path, loop: str
+) -> None:
+    """``/dev/full`` takes no byte (ENOSPC, as a file on a full disk): the answers are
+    lost, as to a client gone, the calls still run, and the log says so in a line where it
+    printed two "Task exception was never retrieved" tracebacks."""
+    requests = tmp_path / "in.ndjson"
+    requests.write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in REQUESTS))
+    log = tmp_path / "host.log"
+    with open(requests, "rb") as fin, open("/dev/full", "wb") as fout, open(log, "wb") as err:
+        code = await exit_code(await spawn(tmp_path / "data", fin, fout, loop, err))
+    assert code == 0
+    assert (tmp_path / "data" / "sessions" / "f.jsonl").read_bytes().count(b"\n") == 1
+    text = log.read_text()
+    assert "Traceback" not in text and "never retrieved" not in text, text
+    assert "No space left on device" in text, text
+
+
 async def converse(client: Client, proc: asyncio.subprocess.Process, data: Path) -> None:
     """A session, an append and a 1 MB checkpoint; end of input then ends the host."""
     try:
