@@ -102,6 +102,7 @@ MIGRATIONS: list[tuple[str, str]] = [
 ]
 # -- issue 35 hook: the search index and the sessions' meta (host/_search_sql.py) --
 from host._search_sql import MIGRATION as _SEARCH_MIGRATION  # noqa: E402
+from host._search_sql import compacting as _compacting  # noqa: E402
 
 MIGRATIONS.append(_SEARCH_MIGRATION)
 
@@ -229,7 +230,8 @@ def _statements(sql: str) -> list[str]:
 
 
 def _schema(conn: sqlite3.Connection) -> set[tuple[str, str, str | None]]:
-    """Every table, index, view and trigger of ``conn`` but SQLite's own, with its SQL.
+    """Every table, index, view and trigger of ``conn`` but SQLite's own and a cut
+    compaction's (dropped when the search indexer starts), with its SQL.
 
     The SQL's spacing is not compared: re-indenting a migration changes no schema.
     """
@@ -237,7 +239,7 @@ def _schema(conn: sqlite3.Connection) -> set[tuple[str, str, str | None]]:
     return {
         (kind, name, " ".join(sql.split()) if sql else None)
         for kind, name, sql in rows
-        if not name.startswith("sqlite_")
+        if not name.startswith("sqlite_") and not _compacting(name)
     }
 
 

@@ -46,7 +46,7 @@ from host._errors import InvalidParams, LimitExceeded
 from host._fs import on_thread, open_regular
 from host._index import Index, connect_read_only
 from host._layout import Layout
-from host._search_sql import FTS
+from host._search_sql import FTS, FTS_TABLES
 from host._surrogates import decode
 from host._wire import (
     MAX_QUERY,
@@ -704,7 +704,7 @@ class Search:
                 after, n, copies = self._next_texts(conn, after)
                 _insert_next(conn, copies)
             entries = 0
-            for table in _TABLES:
+            for table in FTS_TABLES:
                 entries += conn.execute(f"SELECT count(*) FROM {table}_next_docsize").fetchone()[0]
                 conn.execute(f"DROP TABLE {table}")
                 conn.execute(f"ALTER TABLE {table}_next RENAME TO {table}")
@@ -789,9 +789,6 @@ def _count(conn: sqlite3.Connection) -> int:
     return int(conn.execute("SELECT count(*) FROM search_queue").fetchone()[0])
 
 
-_TABLES = ("search_text", "search_tools", "search_archive")
-
-
 @contextlib.contextmanager
 def _writing(conn: sqlite3.Connection) -> Iterator[None]:
     """One write transaction (``BEGIN IMMEDIATE``): committed, or rolled back on any error."""
@@ -813,7 +810,7 @@ def _insert_next(conn: sqlite3.Connection, copies: list[tuple[str, int, str]]) -
 def _shadow_tables(conn: sqlite3.Connection, *, make: bool = True) -> None:
     """Empty full-text tables beside the searched ones, for a compaction (those a crash
     left are dropped first; ``make=False``: only that)."""
-    for table in _TABLES:
+    for table in FTS_TABLES:
         conn.execute(f"DROP TABLE IF EXISTS {table}_next")
         if make:
             conn.execute(f"CREATE VIRTUAL TABLE {table}_next USING fts5(text, {FTS})")
@@ -822,7 +819,7 @@ def _shadow_tables(conn: sqlite3.Connection, *, make: bool = True) -> None:
 def _clear(conn: sqlite3.Connection) -> None:
     """Drop every document and queue every message (blocking)."""
     with _writing(conn):
-        for table in _TABLES:
+        for table in FTS_TABLES:
             conn.execute(f"INSERT INTO {table}({table}) VALUES ('delete-all')")
         conn.execute("DELETE FROM search_docs")
         conn.execute("UPDATE search_stats SET live = 0, dead = 0")
@@ -837,7 +834,7 @@ def _optimize(conn: sqlite3.Connection) -> None:
     """Merge the full-text index's segments (blocking), as 'optimize' would, in steps of
     its own transaction each: one 'optimize' of a million documents would hold the write
     lock for longer than the host's index waits for it."""
-    for table in _TABLES:
+    for table in FTS_TABLES:
         for _ in range(100_000):
             before = conn.total_changes
             conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('merge', -500)")

@@ -34,6 +34,16 @@ the code that uses the index.
 from __future__ import annotations
 
 FTS = "content='', prefix='3', tokenize='unicode61 remove_diacritics 2'"
+FTS_TABLES = ("search_text", "search_tools", "search_archive")
+
+
+def compacting(name: str) -> bool:
+    """Whether ``name`` is one of the tables a compaction makes beside a full-text table
+    (``<table>_next`` and FTS5's own of it). It commits them batch by batch, so a kill
+    leaves them: work in progress that the indexer drops when it starts, not another
+    schema (which set the whole index aside)."""
+    return any(name == f"{t}_next" or name.startswith(f"{t}_next_") for t in FTS_TABLES)
+
 
 MIGRATION = (
     "0003-search-meta",

@@ -7,14 +7,24 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import sqlite3
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import Client, RpcError, msg, run_cli
+from host._search import _insert_next, _shadow_tables
+from tests.conftest import (
+    Client,
+    HostProcess,
+    RpcError,
+    StartHost,
+    msg,
+    run_cli,
+)
 
 
 async def _indexed(client: Client) -> None:
@@ -185,3 +195,31 @@ async def test_odd_search_input_is_never_internal(client: Client) -> None:
             await client.call("session.search", query="abc", cursor=cursor)
         except RpcError as exc:
             assert exc.name == "INVALID_PARAMS", (raw, exc.error)
+
+
+async def test_a_compaction_cut_by_a_kill_keeps_the_index(
+    host: HostProcess, client: Client, start_host: StartHost, data_dir: Path
+) -> None:
+    """A compaction commits its new full-text tables batch by batch: a kill between two
+    batches leaves them in the index. The next start took them for another schema, set the
+    whole index aside and rebuilt it from every transcript (a million messages: minutes of
+    partial answers). They are a compaction's work in progress: dropped, the rest kept."""
+    await client.call("session.create", sessionId="a")
+    await client.call("session.appendMessage", sessionId="a", message=msg("m", content="needle"))
+    await _indexed(client)
+    await host.kill()
+    index = data_dir / "index.sqlite3"
+    with contextlib.closing(sqlite3.connect(index, isolation_level=None)) as conn:
+        _shadow_tables(conn)  # what the kill left: the new tables, a first batch in them
+        _insert_next(conn, [("search_text", 1, "needle")])
+    again = await start_host(data_dir)
+    assert again.client is not None
+    await again.client.handshake()
+    hits = (await again.client.call("session.search", query="needle"))["hits"]
+    assert [h["messageId"] for h in hits] == ["m"]
+    assert await again.stop() == 0
+    assert "rebuilding it from the transcripts" not in again.log, again.log
+    assert not list(data_dir.glob("index.sqlite3.*")), "the index was set aside"
+    with contextlib.closing(sqlite3.connect(index)) as conn:
+        left = conn.execute("SELECT name FROM sqlite_master WHERE name LIKE '%_next%'")
+        assert left.fetchall() == []
