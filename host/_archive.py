@@ -55,7 +55,7 @@ def _lines(session_id: str, root_id: str, rev: Revision, data: bytes) -> list[by
     lines = data.split(b"\n")
     ok = data.endswith(b"\n") or not data
     lines = lines[:-1]
-    if not ok or len(lines) != rev.messageCount or not all(map(parse_ok, lines)):
+    if not ok or len(lines) != rev.messageCount or any(parse_stored(x) is None for x in lines):
         log.error(
             "session %s: revision %d of root %s is damaged (%s)",
             session_id,
@@ -74,10 +74,6 @@ def _lines(session_id: str, root_id: str, rev: Revision, data: bytes) -> list[by
 
 def _manifest(root_id: str, revisions: Sequence[Revision]) -> bytes:
     return json.dumps({"rootId": root_id, "revisions": [asdict(r) for r in revisions]}).encode()
-
-
-def parse_ok(line: bytes) -> bool:
-    return parse_stored(line) is not None
 
 
 class Archive:
@@ -188,12 +184,13 @@ class Archive:
             return []
         return [name for name in names if name not in keep]
 
-    def prune(self, session_id: str, root_id: str) -> None:
-        """Remove the root's payloads its manifest does not name."""
+    def prune(self, session_id: str, root_id: str) -> int:
+        """Remove the root's payloads its manifest does not name; return how many."""
         folder = self.folder(session_id, root_id)
-        for name in self.unnamed(session_id, root_id):
-            if not name.endswith(".tmp"):
-                self.fs.unlink(os.path.join(folder, name))
+        names = [n for n in self.unnamed(session_id, root_id) if not n.endswith(".tmp")]
+        for name in names:
+            self.fs.unlink(os.path.join(folder, name))
+        return len(names)
 
     def read(self, session_id: str, root_id: str, rev: Revision) -> list[bytes]:
         """Return the stored lines of one archived revision (``ArchiveDamaged`` if bad)."""
@@ -220,10 +217,4 @@ class Archive:
 
     def sweep(self, session_id: str) -> int:
         """Remove payload files no manifest names (a crash before a commit); return count."""
-        removed = 0
-        for root_id in self.root_ids(session_id):
-            folder = self.folder(session_id, root_id)
-            for name in self.unnamed(session_id, root_id):
-                self.fs.unlink(os.path.join(folder, name))
-                removed += 1
-        return removed
+        return sum(self.prune(session_id, root_id) for root_id in self.root_ids(session_id))

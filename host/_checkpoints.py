@@ -20,7 +20,7 @@ from host._fs import FileSystem, NotRegularFile, read_regular
 from host._index import now_iso
 from host._layout import Layout
 from host._surrogates import decode
-from host._wire import Id
+from host._wire import ENCODER, Id
 
 
 class Checkpoint(Struct, rename="camel"):
@@ -43,7 +43,6 @@ class _MessageId(Struct):
 
 _DEC = msgspec.json.Decoder(Checkpoint)
 _MESSAGE_ID = msgspec.json.Decoder(_MessageId)
-_ENC = msgspec.json.Encoder()
 
 
 class Checkpoints:
@@ -80,9 +79,9 @@ class Checkpoints:
         The file's bytes are the message's own, framed: no 1 MB copy to encode them.
         """
         head = b'{"sessionId":%s,"turnId":%s,"savedAt":%s,"message":' % (
-            _ENC.encode(session_id),
-            _ENC.encode(turn_id),
-            _ENC.encode(now_iso()),
+            ENCODER.encode(session_id),
+            ENCODER.encode(turn_id),
+            ENCODER.encode(now_iso()),
         )
         self.fs.write_swap(
             self.layout.inflight(session_id),

@@ -108,22 +108,8 @@ class Writer(Protocol):
 class Reading(Protocol):
     """The reader feeding a connection, which its flow control pauses and resumes."""
 
-    @property
-    def paused(self) -> bool: ...
     def pause(self) -> None: ...
     def resume(self) -> None: ...
-
-
-class _Unpaused:
-    """A connection fed by hand: nothing to pause."""
-
-    paused = False
-
-    def pause(self) -> None:
-        pass
-
-    def resume(self) -> None:
-        pass
 
 
 class Stats:
@@ -226,7 +212,7 @@ class Connection:
         self.writer = writer
         self.budget = budget or RequestBudget(limit=1 << 62)
         """The host's request bytes: a long line's are held while its calls run."""
-        self.reader: Reading = _Unpaused()
+        self.reader: Reading | None = None
         """What feeds this connection: paused while its bounds are reached (flow control)."""
         self.handshaken = False
         self.calls: dict[Hashable, _Call] = {}
@@ -309,7 +295,8 @@ class Connection:
             if not self._pausing:
                 self._pausing = True
                 self.stats.paused += 1
-                self.reader.pause()
+                if self.reader is not None:
+                    self.reader.pause()
         elif (
             self._pausing
             and len(self.tasks) <= CALLS_IN_FLIGHT // 2
@@ -317,7 +304,8 @@ class Connection:
         ):
             self._pausing = False
             self.stats.paused -= 1
-            self.reader.resume()
+            if self.reader is not None:
+                self.reader.resume()
 
     def _job(self, line: Line) -> _Call | _Batch | None:
         """The call or batch a line asks for, or ``None`` when it was answered at once."""

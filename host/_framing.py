@@ -277,10 +277,6 @@ class LineReader(asyncio.BufferedProtocol):
         elif not self._stopped:
             self._transport_call("resume_reading")
 
-    @property
-    def paused(self) -> bool:
-        return self._paused
-
     def eof_received(self) -> bool:
         self._over(True)
         return True  # a socket stays open for the answers still to come

@@ -116,6 +116,15 @@ class FileSystem:
         """
         return open_regular(path, flags, mode)
 
+    def open_own(self, path: str, flags: int) -> int:
+        """:meth:`open`; a link, FIFO or folder at ``path`` is set aside first and a new
+        file made (one the host never reads, or one it makes anew)."""
+        try:
+            return self.open(path, flags)
+        except NotRegularFile:
+            self.set_aside(path)
+            return self.open(path, flags | os.O_CREAT | os.O_EXCL)
+
     def set_aside(self, path: str) -> str:
         """Rename what sits at ``path`` to ``<path>.odd-<hex>`` and report it; return that.
 
@@ -137,10 +146,7 @@ class FileSystem:
 
     def write_all(self, fd: int, data: bytes | memoryview) -> None:
         """Write every byte of ``data`` at the descriptor's position."""
-        view = memoryview(data)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
+        write_all(fd, data)
 
     def pread(self, fd: int, size: int, offset: int) -> bytes:
         """Read exactly ``size`` bytes at ``offset`` (fewer only at end of file)."""
@@ -303,11 +309,7 @@ class FileSystem:
         inspect`` takes a shared lock) keeps its bytes and a new file takes the name.
         Removed on a failure.
         """
-        try:
-            fd = self.open(spare, os.O_WRONLY | os.O_CREAT)
-        except NotRegularFile:  # never read, so nothing of it is lost: a new one is made
-            self.set_aside(spare)
-            fd = self.open(spare, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        fd = self.open_own(spare, os.O_WRONLY | os.O_CREAT)  # never read: nothing is lost
         if not _lock(fd):
             self.close(fd)
             self.unlink(spare)
@@ -415,6 +417,13 @@ class FileSystem:
         finally:
             if backup is not None:
                 self.unlink(backup)
+
+
+def write_all(fd: int, data: bytes | memoryview) -> None:
+    """Write every byte of ``data`` at the descriptor's position."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def _lock(fd: int) -> bool:

@@ -45,9 +45,10 @@ from host._turnlog import TurnRecord
 log = logging.getLogger("host.index")
 
 
-def now_iso() -> str:
-    """Return the current UTC time as ISO 8601 with milliseconds."""
-    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+def now_iso(at: float | None = None) -> str:
+    """Return the current UTC time (or ``at``, POSIX seconds) as ISO 8601 with milliseconds."""
+    t = dt.datetime.now(dt.UTC) if at is None else dt.datetime.fromtimestamp(at, dt.UTC)
+    return t.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 MIGRATIONS: list[tuple[str, str]] = [
@@ -808,10 +809,11 @@ class Index:
         Not synced: a change that removes the prompt later marks its session dirty with a
         synced commit (:meth:`mark_dirty`), which makes this one durable too.
         """
-        await self.execute(
-            "UPDATE turns SET prompt_id = NULL WHERE session_id = ? AND turn_id = ?",
-            (session_id, turn_id),
-        )
+        async with self.transaction() as db:
+            await db.execute(
+                "UPDATE turns SET prompt_id = NULL WHERE session_id = ? AND turn_id = ?",
+                (session_id, turn_id),
+            )
 
     async def running_turns(self) -> list[tuple[str, str, str | None]]:
         """``(session, turn, prompt id)`` of every running turn (the prompt's id until it is
@@ -877,12 +879,6 @@ class Index:
                 [(session_id, *r) for r in rows],
             )
             await _set_file(db, session_id, stamp, line_count, now)
-
-    async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
-        """Run one write statement in its own transaction; return the rows it changed."""
-        async with self.transaction() as db:
-            cur = await db.execute(sql, params)
-            return cur.rowcount
 
 
 async def _apply_turn(db: aiosqlite.Connection, session_id: str, rec: TurnRecord) -> None:

@@ -73,7 +73,6 @@ class Layout:
         self.sessions = os.path.join(self.root, "sessions")
         self.revisions_root = os.path.join(self.root, "revisions")
         self.index = os.path.join(self.root, "index.sqlite3")
-        self.lock = os.path.join(self.root, "host.lock")
 
     def _session_file(self, session_id: str, suffix: str) -> str:
         name = check_id(session_id, "sessionId") + suffix

@@ -17,7 +17,7 @@ from msgspec import UNSET, Raw, Struct, UnsetType
 
 from host._errors import Conflict, InvalidParams, LimitExceeded, ParseError
 from host._surrogates import decode
-from host._wire import MAX_MESSAGE, MESSAGE_ROOM, Id
+from host._wire import ENCODER, MAX_MESSAGE, MESSAGE_ROOM, Id
 
 PAGER_KEYS = ("revisionRootId", "revisionCount", "activeRevision")
 Role = Literal["user", "assistant", "tool", "system"]
@@ -39,7 +39,6 @@ class Head(Struct, rename="camel"):
 
 _HEAD = msgspec.json.Decoder(Head)
 _FIELDS = msgspec.json.Decoder(dict[str, Raw])
-_ENC = msgspec.json.Encoder()
 _RAW = msgspec.json.Decoder(Raw)
 _ANY = msgspec.json.Decoder()
 
@@ -65,7 +64,7 @@ class Message:
     def with_status(self, status: Status) -> Message:
         """Return this message with ``status`` set (a promoted checkpoint)."""
         fields = dict(self.fields)
-        fields["status"] = Raw(_ENC.encode(status))
+        fields["status"] = Raw(ENCODER.encode(status))
         return Message(msgspec.structs.replace(self.head, status=status), fields)
 
     def has_content(self) -> bool:
@@ -95,9 +94,9 @@ class Message:
         """Return the line to store (no newline): caller pager fields replaced by ``pager``."""
         fields = {k: v for k, v in self.fields.items() if k not in PAGER_KEYS}
         if turn_id is not None:
-            fields["turnId"] = Raw(_ENC.encode(turn_id))
+            fields["turnId"] = Raw(ENCODER.encode(turn_id))
         fields.update(pager)
-        return _ENC.encode(fields)
+        return ENCODER.encode(fields)
 
 
 def parse_all(raws: Sequence[bytes]) -> list[Message]:
@@ -173,7 +172,7 @@ def valid_line(line: bytes | memoryview, *, utf8: bool = False) -> bool:
 
 def pager_json(pager: dict[str, Raw]) -> str | None:
     """Encode pager fields for the index, or ``None`` when there are none."""
-    return _ENC.encode(pager).decode() if pager else None
+    return ENCODER.encode(pager).decode() if pager else None
 
 
 def pager_from_json(text: str | None) -> dict[str, Raw]:
@@ -184,7 +183,7 @@ def pager_from_json(text: str | None) -> dict[str, Raw]:
 # -- display cap ------------------------------------------------------------------------
 
 _KEEP = {"id", "role", "turnId", "status", *PAGER_KEYS}
-_KEEP_KEYS = {_ENC.encode(k) for k in _KEEP}  # as stored: the host encodes every key itself
+_KEEP_KEYS = {ENCODER.encode(k) for k in _KEEP}  # as stored: the host encodes every key itself
 _CAPPED_KEY = b'"capped"'
 KEEP_SHORT = 32
 CAP_WORK = 2_000
@@ -381,7 +380,9 @@ def _render(walk: _Walk, cap: int, host_fields: dict[str, bytes]) -> bytes:
         []
         if walk.complete
         else [
-            _ENC.encode(k) + b":" + v for k, v in host_fields.items() if _ENC.encode(k) not in seen
+            ENCODER.encode(k) + b":" + v
+            for k, v in host_fields.items()
+            if ENCODER.encode(k) not in seen
         ]
     )
     k = _cut(events, cap - sum(1 + len(m) for m in extra))
@@ -514,7 +515,7 @@ def _only_host_fields(line: bytes, host_fields: dict[str, bytes]) -> bytes:
     except (msgspec.MsgspecError, RecursionError):
         keep = {k: Raw(v) for k, v in host_fields.items()}
     keep["capped"] = Raw(b"true")
-    return _ENC.encode(keep)
+    return ENCODER.encode(keep)
 
 
 def _short(v: str) -> bool:

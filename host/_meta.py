@@ -20,7 +20,7 @@ from msgspec import Raw, Struct
 from host._fs import read_regular
 from host._index import MetaRow, now_iso
 from host._surrogates import decode
-from host._wire import MAX_META
+from host._wire import ENCODER, MAX_META
 
 
 class MetaFile(Struct, omit_defaults=True):
@@ -55,12 +55,11 @@ def _field(decoder: msgspec.json.Decoder[Any], raw: Raw) -> Any:
 _LOOSE = msgspec.json.Decoder(_Loose)
 _TEXT = msgspec.json.Decoder(str | None)
 _OBJECT = msgspec.json.Decoder(dict[str, Raw] | None)
-_ENC = msgspec.json.Encoder()
 _TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,9})?(Z|[+-]\d\d:\d\d)")
 
 
 def encode(meta: MetaFile) -> bytes:
-    return _ENC.encode(meta)
+    return ENCODER.encode(meta)
 
 
 def read_meta(path: str) -> tuple[bytes | None, MetaFile]:

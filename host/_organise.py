@@ -17,12 +17,11 @@ from __future__ import annotations
 import base64
 import json
 import os
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-from msgspec import UNSET, Raw, structs
+from msgspec import UNSET, Raw
 
 from host._errors import Conflict, InvalidParams, LimitExceeded, NotFound
 from host._fs import on_thread
@@ -33,6 +32,7 @@ from host._search import Search
 from host._store import Fork, Registry
 from host._surrogates import decode
 from host._wire import (
+    ENCODER,
     LIST_PAGE,
     MAX_META,
     MAX_TITLE,
@@ -44,9 +44,6 @@ from host._wire import (
     UpdateSessionParams,
     UpdateSessionResult,
 )
-
-_ENC = msgspec.json.Encoder()
-
 
 _META = msgspec.json.Decoder(dict[str, Raw])
 
@@ -128,7 +125,7 @@ class Organise:
             else:
                 meta[k] = v
         new_meta = meta or None
-        if (size := len(_ENC.encode(new_meta))) > MAX_META:
+        if (size := len(ENCODER.encode(new_meta))) > MAX_META:
             raise LimitExceeded(
                 f"meta may hold {MAX_META:,} bytes at most (encoded); it would hold {size:,}",
                 limit=MAX_META,
@@ -151,7 +148,7 @@ class Organise:
         at = await s.lookup(p.at_message_id)
         if at is None:
             raise NotFound("message", p.at_message_id)
-        forked = _ENC.encode({"sessionId": src, "messageId": p.at_message_id})
+        forked = ENCODER.encode({"sessionId": src, "messageId": p.at_message_id})
         if new in registry.sessions:
             _, m = await on_thread(read_meta, layout.meta(new))
             if bytes((m.meta or {}).get("forkedFrom", b"")) == forked:  # a retry: made
@@ -198,10 +195,3 @@ class ForkMethod(Method):
             if new == params.session_id
             else ("/" + new.lower(), new, params.session_id)
         )
-
-
-def name_fork(params: Any) -> Any:
-    """A fork's params with its new id chosen (before it enters its queues)."""
-    if isinstance(params, ForkParams) and not isinstance(params.new_session_id, str):
-        return structs.replace(params, new_session_id=uuid.uuid4().hex)
-    return params

@@ -10,18 +10,17 @@ silently dropped. A clean session costs one ``stat``: start is O(sessions), not 
 from __future__ import annotations
 
 import base64
-import datetime as dt
 import json
 import logging
 import os
 import time
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Protocol
 
 from host._epochs import Epochs
 from host._fs import FileSystem, NotRegularFile, on_thread
-from host._index import Index, Row, RowCache, SessionRow
+from host._index import Index, Row, RowCache, SessionRow, now_iso
 from host._intents import Change, Intents
 from host._layout import SPARE, Layout
 from host._messages import Message, pager_json, parse_stored
@@ -72,26 +71,9 @@ class Report:
     quarantined_lines: int = 0
     temp_files_removed: int = 0
     dropped_index_rows: int = 0
-    extra: dict[str, int] = field(default_factory=dict)
-
-    def add(self, name: str, n: int = 1) -> None:
-        self.extra[name] = self.extra.get(name, 0) + n
 
     def as_counters(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for name in (
-            "sessions",
-            "reconciled",
-            "indexed_lines",
-            "torn_tails",
-            "quarantined_lines",
-            "temp_files_removed",
-            "dropped_index_rows",
-        ):
-            out[f"recovery.{name}"] = getattr(self, name)
-        for k, v in self.extra.items():
-            out[f"recovery.{k}"] = v
-        return out
+        return {f"recovery.{f.name}": getattr(self, f.name) for f in fields(self)}
 
 
 def scan(transcript: Transcript, offset: int, line: int, known_ids: set[str]) -> Scan:
@@ -134,11 +116,7 @@ def quarantine(store: Store, session_id: str, bad: list[tuple[int, int, bytes, s
     """Append bad bytes, with where they were and why, to the session's quarantine file."""
     fs = store.fs
     path = store.layout.quarantine(session_id)
-    try:
-        fd = fs.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    except NotRegularFile:  # a link, FIFO or folder: set aside itself; a file is made
-        fs.set_aside(path)
-        fd = fs.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND)
+    fd = fs.open_own(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)  # a link set aside itself
     try:
         for line, off, raw, why in bad:
             rec = {
@@ -270,7 +248,7 @@ async def reconcile(
         result.rows,
         stamp,
         start_line + len(result.rows),
-        _mtime_iso(stamp),
+        now_iso(stamp.mtime_ns / 1e9),
         keep_from=start_line,
     )
     log.info(
@@ -288,11 +266,6 @@ async def reconcile(
         report.quarantined_lines += len(result.bad)
     if report is None:  # at start the report's totals are added to the counters once
         store.count("recovery.quarantined_lines", len(result.bad))
-
-
-def _mtime_iso(stamp: FileStamp) -> str:
-    t = dt.datetime.fromtimestamp(stamp.mtime_ns / 1e9, dt.UTC)
-    return t.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def remove_temp_files(store: Store) -> int:

@@ -359,8 +359,7 @@ def _hits(
     """The hits from candidate ``pos`` on, each read from its transcript or archived
     payload; the next position."""
     hits: list[SearchHit] = []
-    fds: dict[str, int] = {}
-    try:
+    with _files() as fds:
         while pos < len(cands) and len(hits) < limit:
             r, tools, sid, mid, line, offset, length, _, root, rev, file = cands[pos]
             pos += 1
@@ -381,9 +380,6 @@ def _hits(
             if root is not None:
                 hit.root_id, hit.revision = root, rev
             hits.append(hit)
-    finally:
-        for fd in fds.values():
-            os.close(fd)
     return hits, pos
 
 
@@ -409,6 +405,17 @@ def _read_line(
             return None
     data = os.pread(fds[path], length + 1, offset)
     return texts(data[:-1]) if data[-1:] == b"\n" else None
+
+
+@contextlib.contextmanager
+def _files() -> Iterator[dict[str, int]]:
+    """The files :func:`_read_line` keeps open, closed at the end."""
+    fds: dict[str, int] = {}
+    try:
+        yield fds
+    finally:
+        for fd in fds.values():
+            os.close(fd)
 
 
 # -- the search index ---------------------------------------------------------------------
@@ -547,8 +554,7 @@ class Search:
             item = items.setdefault((sid, mid), [[], None, None, None])
             item[0].append(seq)
             item[1], item[2] = offset, length
-        fds: dict[str, int] = {}
-        try:
+        with _files() as fds:
             for (sid, mid), item in items.items():
                 path = self.layout.transcript(sid)
                 got = None if item[1] is None else _read_line(fds, path, *item[1:3])
@@ -561,9 +567,6 @@ class Search:
                     item[3] = []
                 else:
                     self._tries[item[0][-1]] = tries
-        finally:
-            for fd in fds.values():
-                os.close(fd)
         made = gone = left = 0
         done: list[tuple[int]] = []
         with _writing(conn):
@@ -682,17 +685,13 @@ class Search:
             (after, BATCH),
         ).fetchall()
         out: list[tuple[str, int, str]] = []
-        fds: dict[str, int] = {}
-        try:
+        with _files() as fds:
             for doc, tools, mid, root, offset, length, sid, file in rows:
                 path = _line_path(self.layout, sid, root, file)
                 got = None if offset is None else _read_line(fds, path, offset, length)
                 if got is not None and got[0] == mid:
                     table = "search_archive" if root else "search_tools" if tools else "search_text"
                     out.append((table, doc, fts_text(got[3] if tools else got[2])))
-        finally:
-            for fd in fds.values():
-                os.close(fd)
         return (rows[-1][0] if rows else after), len(rows), out
 
     def _swap(self, conn: sqlite3.Connection, after: int) -> None:
@@ -927,8 +926,7 @@ def check(layout: Layout, out: TextIO) -> int:
         ):
             docs.setdefault((sid, mid), set()).add((tools, dig))
         want: dict[tuple[str, str], set[tuple[int, int]]] = {}
-        fds: dict[str, int] = {}
-        try:
+        with _files() as fds:
             for sid, mid, offset, length in conn.execute(
                 "SELECT session_id, message_id, offset, length FROM messages"
                 " ORDER BY session_id, line"
@@ -936,9 +934,6 @@ def check(layout: Layout, out: TextIO) -> int:
                 got = _read_line(fds, layout.transcript(sid), offset, length)
                 if got is not None and (d := {(k, digest(t)) for k, t in enumerate(got[2:]) if t}):
                     want[(sid, mid)] = d
-        finally:
-            for fd in fds.values():
-                os.close(fd)
     finally:
         conn.close()
     for (sid,) in orphans:

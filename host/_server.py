@@ -26,7 +26,7 @@ from typing import Any
 from host._endpoint import Connection
 from host._errors import LimitExceeded, NotHandshaken
 from host._framing import CHUNK, LineReader
-from host._fs import DIR_MODE, NotRegularFile, on_thread, open_regular, read_regular
+from host._fs import DIR_MODE, NotRegularFile, on_thread, open_regular, read_regular, write_all
 from host._index import BUSY_TIMEOUT, DISK_FULL, NOT_WRITABLE, IndexBusy
 from host._layout import UnsafeDataDir
 from host._limits import (
@@ -203,7 +203,7 @@ class _FileWriter:
         try:
             while self.buf:
                 data, self.buf = b"".join(self.buf), []
-                await on_thread(_write_all, self.fd, data)
+                await on_thread(write_all, self.fd, data)
         except OSError as exc:
             self.failed, self.buf = exc, []
         finally:
@@ -230,12 +230,6 @@ class _FileWriter:
 
     async def wait_closed(self) -> None:
         await self.drain()
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 class _FileFeed:

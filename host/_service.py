@@ -37,13 +37,13 @@ from host._index import (
 from host._layout import Layout
 from host._limits import REQUEST_BYTES, Limits
 from host._locks import Method, Scope, Ticket
-from host._organise import ForkMethod, Organise, name_fork
+from host._organise import ForkMethod, Organise
 from host._recovery import Report, recover
 from host._search import Search
 from host._sessions import GROUP, SessionMethods
 from host._store import Registry
 from host._turns import TurnMethods
-from host._wire import CreateParams, EmptyParams, ShutdownResult, StatsResult
+from host._wire import CreateParams, EmptyParams, ForkParams, ShutdownResult, StatsResult
 
 log = logging.getLogger("host")
 ASKERS = frozenset({"session.watch", "session.unwatch"})
@@ -114,7 +114,8 @@ class Host:
             m = dataclasses.replace(m, handler=functools.partial(asker, origin=origin))
         if isinstance(params, CreateParams) and not isinstance(params.session_id, str):
             params = structs.replace(params, session_id=uuid.uuid4().hex)
-        params = name_fork(params)  # issue 35
+        if isinstance(params, ForkParams) and not isinstance(params.new_session_id, str):
+            params = structs.replace(params, new_session_id=uuid.uuid4().hex)  # issue 35
         return self.registry.locks.enqueue(m.queues(params), m, params)
 
     @classmethod

@@ -31,7 +31,7 @@ from host._intents import Change
 from host._messages import Message, display_capped, pager_json, valid_line
 from host._recovery import quarantine, reconcile
 from host._transcript import FileStamp, Piece, Transcript
-from host._turnlog import TurnRecord, TurnStatus
+from host._turnlog import TurnStatus
 
 if TYPE_CHECKING:
     from host._store import Registry
@@ -440,7 +440,3 @@ def timed(write: Callable[..., T], *args: Any) -> tuple[T, float]:
     t0 = time.perf_counter()
     done = write(*args)
     return done, time.perf_counter() - t0
-
-
-def turn_record(turn_id: str, status: TurnStatus, prompt_id: str | None) -> TurnRecord:
-    return TurnRecord(turn_id, status, now_iso(), prompt_id)

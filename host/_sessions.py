@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-import msgspec
 from msgspec import UNSET, Raw
 
 from host._errors import Conflict, HostError, LimitExceeded, NotFound
@@ -26,6 +25,7 @@ from host._session import NewLine, Session
 from host._store import Registry
 from host._transcript import Piece
 from host._wire import (
+    ENCODER,
     MAX_LINE,
     AppendParams,
     AppendResult,
@@ -44,7 +44,6 @@ from host._wire import (
 )
 
 log = logging.getLogger("host.sessions")
-_ENC = msgspec.json.Encoder()
 
 
 class SessionMethods:
@@ -220,10 +219,10 @@ class SessionMethods:
 def _host_fields(row: Row) -> dict[str, bytes]:
     """The host-owned fields of a stored line as the index holds them (a capped copy's,
     when its walk stops before them)."""
-    out = {"id": _ENC.encode(row.message_id), "role": _ENC.encode(row.role)}
+    out = {"id": ENCODER.encode(row.message_id), "role": ENCODER.encode(row.role)}
     if row.turn_id is not None:
-        out["turnId"] = _ENC.encode(row.turn_id)
-    out["status"] = _ENC.encode(row.status)
+        out["turnId"] = ENCODER.encode(row.turn_id)
+    out["status"] = ENCODER.encode(row.status)
     out.update((k, bytes(v)) for k, v in pager_from_json(row.pager).items())
     return out
 

@@ -35,9 +35,9 @@ from host._limits import OPEN_TRANSCRIPTS
 from host._locks import LockTable
 from host._meta import MetaFile, encode
 from host._recovery import reconcile, reconcile_turns
-from host._session import BIG_WRITE, Session, timed, turn_record
+from host._session import BIG_WRITE, Session, timed
 from host._transcript import FileStamp, Transcript
-from host._turnlog import TurnLog, TurnStatus
+from host._turnlog import TurnLog, TurnRecord, TurnStatus
 from host._watch import WatchHub
 
 log = logging.getLogger("host.store")
@@ -462,7 +462,7 @@ class Registry:
         """Log a turn change durably (the answer's fsync: its commit), then apply it to the
         index. An index that refuses it lags: the session's turns are replayed from its log
         before it is served again (the log is the truth, the table derived)."""
-        rec = turn_record(turn_id, status, prompt_id)
+        rec = TurnRecord(turn_id, status, now_iso(), prompt_id)
         _, after = await self.durably(0, self.turnlog.append, session_id, rec)
         self.watch.turn(session_id, rec, after)
         try:

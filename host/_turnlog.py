@@ -108,11 +108,7 @@ class TurnLog:
     def create(self, session_id: str) -> None:
         """Make an empty log for a new session (its folder is fsynced by the caller)."""
         path = self._path(session_id)
-        try:
-            fd = self.fs.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        except NotRegularFile:
-            self.fs.set_aside(path)
-            fd = self.fs.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        fd = self.fs.open_own(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         try:
             self.fs.fsync(fd)
         finally:

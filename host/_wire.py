@@ -391,10 +391,6 @@ class SessionEventParams(Struct, rename="camel"):
     event: AnyEvent
 
 
-NOTIFICATIONS: dict[str, type[Struct]] = {"session.event": SessionEventParams}
-"""What the host sends unasked: notification name -> its params type."""
-
-
 # -- find and organise (issue 35) --------------------------------------------------------
 
 MAX_TITLE = 1_000
@@ -575,6 +571,5 @@ def batch_items(line: bytes) -> list[Raw]:
 
 
 ID_ONLY = msgspec.json.Decoder(IdOnly)
-ANY = msgspec.json.Decoder()
 ENCODER = msgspec.json.Encoder()
 CANCEL = msgspec.json.Decoder(CancelParams)

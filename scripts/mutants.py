@@ -148,8 +148,7 @@ MUTANTS: list[Mutant] = [
            "        if True:\n            self.fs.rename(",
            ("tests/host/test_crash_points.py", "tests/host/test_after_fault.py")),
     Mutant("host-change-folder-not-synced-before-record", "host/_intents.py",
-           "                self.fs.fsync_dir("
-           "self.archive.folder(change.session_id, change.root_id))\n",
+           "                self.fs.fsync_dir(self.archive.folder(sid, change.root_id))\n",
            "                pass\n",
            (f"{POWER_CUT}[save-active]", f"{POWER_CUT}[truncate-regenerate]")),
     Mutant("host-delete-no-dirty-mark", "host/_store.py",
