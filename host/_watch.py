@@ -45,7 +45,7 @@ import msgspec
 from msgspec import UNSET, Raw
 
 from host._epochs import Epochs
-from host._errors import Internal, LimitExceeded, NotFound
+from host._errors import Internal, InvalidParams, LimitExceeded, NotFound
 from host._fs import on_thread, open_regular
 from host._limits import (
     DRAIN_STEP,
@@ -451,6 +451,9 @@ class WatchHub(Epochs):
             )
         s = await self.registry.open(sid)
         epoch = await self._epoch(sid)
+        after = Cursor.parse(p.after) if isinstance(p.after, str) else None
+        if after is not None and after.epoch == epoch and not self._ends_a_record(sid, after):
+            raise InvalidParams("cursor: its turn offset is inside a record of the turn log")
         st = s.watched
         if st is not None and st.epoch != epoch:
             self._reset_all(st, s, epoch)  # its rewrite's reset had not gone out yet
@@ -463,7 +466,6 @@ class WatchHub(Epochs):
                 limit=WATCHERS_PER_SESSION,
             )
         now = st.cursor()
-        after = Cursor.parse(p.after) if isinstance(p.after, str) else None
         start = Cursor(epoch, now.lines, 0, 0) if after is None else after
         self._ids += 1
         w = Watcher(f"w{self._ids}", sid, outlet, start)
@@ -522,6 +524,21 @@ class WatchHub(Epochs):
         """The session's epoch, made (durably, on a thread) if it has none yet."""
         known = self.known(sid)
         return known if known is not None else await on_thread(self.current, sid)
+
+    def _ends_a_record(self, sid: str, at: Cursor) -> bool:
+        """Whether ``at``'s turn offset is where a record of the turn log ends (as in every
+        cursor the host gives) or past the log's end (it expires): not inside a record,
+        whose change a catch-up would pass over as not a record (a small read)."""
+        if at.turns == 0:
+            return True
+        try:
+            fd = open_regular(self.registry.layout.turns(sid))
+        except FileNotFoundError:  # no log: the cursor expires
+            return True
+        try:
+            return os.pread(fd, 1, at.turns - 1) in (b"\n", b"")
+        finally:
+            os.close(fd)
 
     def _turns_tag(self, s: Session) -> tuple[int, int]:
         """A newly watched session's turn log size and checkpoint tag (small reads)."""

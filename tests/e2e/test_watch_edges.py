@@ -211,3 +211,22 @@ async def test_a_turn_log_cut_by_hand_is_passed_over_by_a_catch_up(
         while "event:live" not in late_order:
             await settle(writer, "s", order)
     assert late_order.count("event:turn") == 1, late_order  # t1 begun; its end cut off
+
+
+async def test_a_cursor_inside_a_turn_log_record_is_invalid_params(client: Client) -> None:
+    """A cursor's turn offset must end a record of the log, as every cursor the host gives
+    does: one forged to fall inside the first record was honoured, and the change it cut
+    was passed over as "not a record", silently (an honest watch replays it)."""
+    await client.call("session.create", sessionId="s")
+    await client.call("session.beginTurn", sessionId="s", turnId="t1")
+    await client.call("session.endTurn", sessionId="s", turnId="t1", status="completed")
+    cursor = (await client.call("session.watch", sessionId="s"))["cursor"]
+    epoch, lines, turns, tag = cursor.split(".")
+    end = int(turns)  # where the last record ends: an honest offset
+    replayed = await client.call("session.watch", sessionId="s", after=f"{epoch}.{lines}.0.{tag}")
+    assert replayed["cursor"] == f"{epoch}.{lines}.0.{tag}"
+    for inside in (1, 10, end - 1):
+        forged = f"{epoch}.{lines}.{inside}.{tag}"
+        with pytest.raises(RpcError) as err:
+            await client.call("session.watch", sessionId="s", after=forged)
+        assert err.value.name == "INVALID_PARAMS", err.value.error
