@@ -1168,7 +1168,8 @@ then go live; when it is gone (a rewrite since, or a cursor of a deleted session
 is where the session stands now (as without `after`, but the turn log replayed whole) and
 the watch's first and last event is `reset` (`expired`). So a cursor was honoured exactly
 when `cursor` = `after`. `NOT_FOUND` for a session that does not exist; `INVALID_PARAMS`
-for a cursor the host cannot read; `LIMIT_EXCEEDED` past the
+for a cursor the host cannot read, or one of the standing epoch whose turn offset falls
+inside a record of the turn log (no cursor the host gave does); `LIMIT_EXCEEDED` past the
 [watch limits](#limits).""",
     "session.unwatch": """\
 End a watch of this connection (no event follows; one already written may still be read).
