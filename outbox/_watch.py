@@ -54,18 +54,20 @@ def reconnect_to(
         while True:
             try:
                 client = await HostClient.connect(path, deadline=deadline)
+                try:
+                    await client.handshake(timeout=RECONNECT_FOR)  # a long start-up recovery
+                except HostGone:  # it died again while starting: dial again
+                    await client.close()
+                    raise ConnectionResetError("the host went away before answering") from None
+                except ClientError:
+                    await client.close()
+                    raise
+                return client
             except OSError as exc:
                 if give_up is not None and loop.time() > give_up:
                     raise HostGone(f"no host on {path} for {patience:.0f} s: {exc}") from None
                 await asyncio.sleep(delay)  # a restarting host: try again, backing off
                 delay = min(1.0, delay * 2)
-                continue
-            try:
-                await client.handshake(timeout=RECONNECT_FOR)  # a long start-up recovery
-            except ClientError:
-                await client.close()
-                raise
-            return client
 
     return again
 

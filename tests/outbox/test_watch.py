@@ -164,3 +164,43 @@ async def test_serve_also_socket_serves_watchers_beside_stdio(
     assert await host.stop() == 0
     assert not sock.exists()
     await watcher.close()
+
+
+async def test_a_watch_waits_through_a_host_that_dies_again_while_starting(
+    start_host: StartHost, tmp_path: Path
+) -> None:
+    """The host is killed; what next takes its socket dies before answering the handshake
+    (a start that crashes, a host killed again while it recovers); then one comes that
+    stays. The watch (and ``python -m host watch``, which runs it) waits for it and
+    resumes: it gave up with "the host went away before answering"."""
+    sock = tmp_path / "run" / "host.sock"
+    host = await start_host(socket=sock)
+    writer = await connect(sock)
+    await writer.call("session.create", {"sessionId": "s"})
+    watcher = await connect(sock)
+    watch = watcher.watch("s")
+    assert (await take(watch, 1))[0]["kind"] == "snapshot"
+    await host.kill()
+    await writer.close()
+    following = asyncio.create_task(take(watch, 1))  # the reader, reconnecting
+    dropped = asyncio.Event()
+
+    async def dies(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readline()  # the handshake, never answered
+        writer.close()
+        dropped.set()
+
+    sock.unlink()
+    server = await asyncio.start_unix_server(dies, path=str(sock))
+    async with asyncio.timeout(WAIT):
+        await dropped.wait()
+    server.close()
+    await server.wait_closed()
+    sock.unlink(missing_ok=True)
+    host = await start_host(socket=sock)
+    writer = await connect(sock)
+    await writer.call("session.appendMessage", {"sessionId": "s", "message": msg("after")})
+    assert ids(await following) == ["after"]
+    await watch.aclose()
+    await writer.close()
+    await watcher.close()
