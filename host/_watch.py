@@ -27,8 +27,9 @@ A hook only notes the change (its cursor and its event, not encoded) on its sess
 the watchers live then: when the call lets go of the session, the fan-out runs after its
 answer is written, in one pass of the loop, each change encoded once for all its watchers,
 each connection handed its lines in one write (at once past ``DRAIN_STEP``). A watcher
-catching up holds its session only to read a chunk, and reads the next chunk only once its
-client took the last: the files are its buffer, not memory.
+catching up holds its session only to read a chunk, and reads it only once its connection
+handed on everything before, one catch-up of a connection at a time: the files are its
+buffer, not memory, and a client that takes nothing makes the host read nothing more.
 """
 
 from __future__ import annotations
@@ -142,7 +143,6 @@ class Watcher:
         "queued",
         "session_id",
         "task",
-        "waiter",
     )
 
     def __init__(self, wid: str, session_id: str, outlet: Outlet, start: Cursor) -> None:
@@ -156,7 +156,6 @@ class Watcher:
         self.delivered = start  # after the last event handed to the connection
         self.ending = False  # its last event is queued: gone once that is written
         self.task: asyncio.Task[None] | None = None  # its catch-up from the files
-        self.waiter: asyncio.Future[None] | None = None  # a catch-up waiting for room
 
 
 class Outlet:
@@ -172,6 +171,8 @@ class Outlet:
         self.open = conn.writable  # its client takes more (kept by the connection's hooks)
         self.scheduled = False
         self.closed = False
+        self.reading = asyncio.Lock()  # one catch-up of the connection reads at a time
+        self.waiter: asyncio.Future[None] | None = None  # that one, waiting for room
 
     def push(self, w: Watcher, tail: bytes, cursor: Cursor, *, bounded: bool = True) -> None:
         """Queue an event for ``w``; past its bound, drop what it has queued (a reset).
@@ -228,6 +229,7 @@ class Outlet:
         w.queued = 0
         if w in self.ready:
             self.ready.remove(w)
+            self._wake()
 
     def drain(self) -> None:
         """Hand queued lines to the connection in one write, a watcher at a time, while
@@ -249,25 +251,29 @@ class Outlet:
                 self.ready.append(w)
             elif w.ending:
                 self.watchers.pop(w.id, None)
-            elif w.waiter is not None and not w.waiter.done():
-                w.waiter.set_result(None)
         if out:
             self.conn.notify(b"".join(out))
         if self.ready:  # more than a step: the next pass goes on (or the writable hook)
             self.scheduled = True
             self.hub.outlets.append(self)
             self.hub.fan_out_soon()
+        self._wake()
 
     async def room(self, w: Watcher) -> None:
-        """Return once ``w``'s queue is empty and its client takes more."""
-        while w.queue or not self.open:
+        """Return once nothing of the connection's watchers waits to be handed on and its
+        client takes more: a catch-up (holding :attr:`reading`) reads a chunk then."""
+        while self.ready or not self.open:
             if self.closed or w.ending:
                 raise asyncio.CancelledError("the watch ended")
-            w.waiter = asyncio.get_running_loop().create_future()
+            self.waiter = asyncio.get_running_loop().create_future()
             try:
-                await w.waiter
+                await self.waiter
             finally:
-                w.waiter = None
+                self.waiter = None
+
+    def _wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done() and not self.ready and self.open:
+            self.waiter.set_result(None)
 
     def paused(self) -> None:
         """The client takes no more for now: what its watchers are sent waits, bounded."""
@@ -280,9 +286,7 @@ class Outlet:
             self.scheduled = True
             self.hub.outlets.append(self)
             self.hub.fan_out_soon()
-        for w in self.watchers.values():
-            if not w.queue and w.waiter is not None and not w.waiter.done():
-                w.waiter.set_result(None)
+        self._wake()
 
     def remove(self, w: Watcher) -> None:
         """End ``w`` without an event (``session.unwatch``, the connection gone)."""
@@ -632,10 +636,11 @@ class WatchHub(Epochs):
         outlet, sid = w.outlet, w.session_id
         try:
             while True:
-                await outlet.room(w)
-                async with self.registry.hold(sid):
-                    if w.ending or await self._chunk(w):
-                        return
+                async with outlet.reading:
+                    await outlet.room(w)
+                    async with self.registry.hold(sid):
+                        if w.ending or await self._chunk(w):
+                            return
         except NotFound:
             if not w.ending:
                 outlet.end(w, DeletedEvent(), w.pos)
@@ -661,6 +666,7 @@ class WatchHub(Epochs):
                 if size > REPLAY_CHUNK and n:
                     rows = rows[:n]
                     break
+            self.registry.count("watch.chunks")
             for r, data in zip(rows, await s.read_rows(rows), strict=True):
                 at = Cursor(st.epoch, r.line + 1, w.pos.turns, w.pos.tag)
                 event = AppendedEvent(line=r.line, message=Raw(data))

@@ -701,7 +701,8 @@ holds its session only to read a chunk (@@REPLAY_CHUNK@@ at most, and at least a
 and reads the next only once its client took the last: the files are its buffer. So a
 client that stops reading never slows a writer or another watcher, and costs the host what
 the limits say (see [Limits](#limits)); `host.stats` counts `watch.started`,
-`watch.resets`, `watch.expired` and `watch.overflows`.
+`watch.resets`, `watch.expired`, `watch.overflows` and `watch.chunks` (chunks catch-ups
+read from the files).
 
 A `session.watch` in a batch may see its first events before the batch's answer; send it
 on its own.
@@ -888,8 +889,9 @@ LIMIT_ROWS = [
     (
         "a watcher catching up",
         "@@REPLAY_CHUNK@@ (at least one line) read at a time",
-        "nothing a client sees: it reads from the files only once its client took what it"
-        " read before, so a client that does not read holds no memory for it",
+        "nothing a client sees: it reads from the files only once its connection handed on"
+        " what was read before, one catch-up of a connection at a time, so a client that does"
+        " not read holds no memory for it and makes the host read nothing more",
     ),
     (
         "`session.publish`'s `data`",

@@ -230,3 +230,44 @@ async def test_a_cursor_inside_a_turn_log_record_is_invalid_params(client: Clien
         with pytest.raises(RpcError) as err:
             await client.call("session.watch", sessionId="s", after=forged)
         assert err.value.name == "INVALID_PARAMS", err.value.error
+
+
+async def test_catch_ups_of_a_client_that_never_reads_read_only_what_it_can_take(
+    start_host: StartHost, tmp_path: Path
+) -> None:
+    """256 watches from a session's start on one connection whose client reads nothing:
+    each catch-up read its first chunk from the files under the session, all before the
+    client had taken a byte (the writer's appends waited behind 256 reads: 50x slower
+    in a probe). A connection's catch-ups read one chunk at a time, each once what was
+    read before was handed on, so reading stops where the client stops taking."""
+    path = tmp_path / "run" / "h.sock"
+    host = await start_host(socket=path)
+    writer = await host.connect()
+    await writer.handshake()
+    await writer.call("session.create", sessionId="s")
+    for i in range(40):  # a chunk a line
+        line = msg(f"a{i}", content="z" * (200 << 10))
+        await writer.call("session.appendMessage", sessionId="s", message=line)
+    epoch = (await writer.call("session.watch", sessionId="s"))["cursor"].split(".")[0]
+    stalled = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stalled.connect(str(path))
+    hello = {"jsonrpc": "2.0", "id": 0, "method": "handshake", "params": {"protocolVersion": 11}}
+    watches = [
+        {
+            "jsonrpc": "2.0",
+            "id": i,
+            "method": "session.watch",
+            "params": {"sessionId": "s", "after": f"{epoch}.0.0.0"},
+        }
+        for i in range(1, 257)
+    ]
+    stalled.sendall(b"".join(json.dumps(r).encode() + b"\n" for r in [hello, *watches]))
+    async with asyncio.timeout(30):  # each stats answer comes after the lines read before it
+        started = 0
+        while started < 257:
+            started = (await writer.call("host.stats"))["counters"].get("watch.started", 0)
+    for i in range(3):  # each answered after every read queued on the session before it
+        await writer.call("session.appendMessage", sessionId="s", message=msg(f"w{i}"))
+    chunks = (await writer.call("host.stats"))["counters"].get("watch.chunks", 0)
+    stalled.close()
+    assert 0 < chunks < 64, chunks  # 4 MiB unread, the kernel's buffer: about 25
