@@ -696,9 +696,15 @@ only while its client takes them (it leaves less than @@ANSWERS_WAITING@@ unread
 watcher whose client
 does not read is dropped past @@WATCH_QUEUE@@ (or @@WATCH_EVENTS@@ events) queued beyond
 the one being written, with one `reset` (`overflow`); all watchers together hold at most
-@@WATCH_BYTES@@ (past it the one with the most queued is dropped). A watcher catching up
+@@WATCH_BYTES@@ (past it the one with the most queued is dropped). What was handed to a
+connection is its own, as its answers are: one whose client reads nothing holds up to
+@@ANSWERS_WAITING@@ unread and the line being written (a message's, up to a line's
+64 MiB), so a large message appended while many such connections watch is held and
+copied once per connection, on the host's loop (200 of them and a 15 MiB message: 3 GB, and
+the next call waited 10 s; a known limit). A watcher catching up
 holds its session only to read a chunk (@@REPLAY_CHUNK@@ at most, and at least a line),
-and reads the next only once its client took the last: the files are its buffer. So a
+and reads it only once its connection handed on what was read before, one catch-up of a
+connection at a time: the files are its buffer. So a
 client that stops reading never slows a writer or another watcher, and costs the host what
 the limits say (see [Limits](#limits)); `host.stats` counts `watch.started`,
 `watch.resets`, `watch.expired`, `watch.overflows` and `watch.chunks` (chunks catch-ups
