@@ -67,6 +67,10 @@ MAX_DOC = 262_144
 """Characters of a message's text that are indexed; the rest is not searched."""
 MAX_TERMS = 16
 """Terms a query may hold."""
+RANK_TIME = 5.0
+"""Seconds a search's ranking may run (SQLite's progress handler stops it, as Datasette's
+``sql_time_limit_ms`` does); past it ``LIMIT_EXCEEDED``. A query's cost is not bounded by
+its matches alone: a long phrase is checked against every document of a session."""
 DEAD_FLOOR = 100_000
 """Dead entries (words of changed or deleted documents, kept by a contentless table) the
 search index may hold before it is compacted; past it, once they outnumber live documents."""
@@ -286,7 +290,13 @@ def _position(cursor: str) -> tuple[int, int]:
     ranked from (the first page's)."""
     with contextlib.suppress(ValueError):
         kind, n, ceiling = base64.urlsafe_b64decode(cursor.encode()).decode().split(":")
-        if kind == "search" and n.isdigit() and ceiling.isdigit() and int(n) <= CANDIDATES:
+        if (
+            kind == "search"
+            and n.isdigit()
+            and ceiling.isdigit()
+            and int(n) <= CANDIDATES
+            and int(ceiling) < 1 << 63  # SQLite's integers
+        ):
             return int(n), int(ceiling)
     raise InvalidParams("cursor is not one a session.search answer gave")
 
@@ -300,10 +310,18 @@ class Db:
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
         self.lock = threading.Lock()
+        self.turn = asyncio.Lock()
 
     def run(self, work: Callable[..., T], *args: Any) -> T:
         with self.lock:
             return work(self.conn, *args)
+
+    async def call(self, work: Callable[..., T], *args: Any) -> T:
+        """:meth:`run` on a thread once the connection is free: its callers wait on the
+        loop, not each holding one of the few worker threads every write needs (ten slow
+        searches held them all, and a create waited for them)."""
+        async with self.turn:
+            return await on_thread(self.run, work, *args)
 
 
 _ACTIVE = (
@@ -452,7 +470,7 @@ class Search:
     async def read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         """Rows of a query on the index, after every queued row is committed."""
         await self.index.settle()
-        return await on_thread(self._db("pages").run, lambda c: c.execute(sql, params).fetchall())
+        return await self._db("pages").call(lambda c: c.execute(sql, params).fetchall())
 
     # -- running ------------------------------------------------------------------------
 
@@ -462,7 +480,7 @@ class Search:
         self.runs, self.index.on_commit = True, self._wake.set
         loop = asyncio.get_running_loop()
         self._archived.update(os.listdir(self.layout.revisions_root))
-        await on_thread(self._db("writer").run, lambda c: _shadow_tables(c, make=False))
+        await self._db("writer").call(lambda c: _shadow_tables(c, make=False))
         self.archive.on_change = lambda sid: self._told(loop, sid)
         task = loop.create_task(self._run())
         self._wake.set()
@@ -491,7 +509,7 @@ class Search:
             try:
                 if not await self.work(log_progress=True):  # lines a rewrite was moving
                     asyncio.get_running_loop().call_later(0.2, self._wake.set)
-                live, dead = await on_thread(self._db("writer").run, _stats)
+                live, dead = await self._db("writer").call(_stats)
                 if dead > max(live, DEAD_FLOOR):  # what a compaction frees: most of the index
                     log.info("search index: %d dead entries, %d live: compacting", dead, live)
                     await self.compact()
@@ -505,13 +523,13 @@ class Search:
         empty but for lines that could not be read yet."""
         writer = self._db("writer")
         async with self._busy:
-            total = await on_thread(writer.run, _count)
+            total = await writer.call(_count)
             if log_progress and total > BUILD and not self.building:
                 self.building, self._since = True, time.monotonic()
                 log.info("search index: %d message(s) to index", total)
             done, after, last_log, skipped = 0, -1, time.monotonic(), 0
             while limit is None or done < limit:
-                n, after, made, left = await on_thread(writer.run, self._step, after)
+                n, after, made, left = await writer.call(self._step, after)
                 if n == 0:
                     break
                 done, skipped, self.indexed = done + n, skipped + left, self.indexed + made
@@ -521,12 +539,12 @@ class Search:
             while self._archived:  # a change's archives (its rows' sessions, told by Archive)
                 self._syncing = sid = self._archived.pop()
                 try:
-                    await on_thread(writer.run, self._sync_archive, sid)
+                    await writer.call(self._sync_archive, sid)
                 finally:
                     self._syncing = ""
-            self.pending = await on_thread(writer.run, _count)
+            self.pending = await writer.call(_count)
             if self.building and self.pending <= skipped:
-                await on_thread(writer.run, _optimize)
+                await writer.call(_optimize)
                 log.info(
                     "search index: built (%d message(s) in %.1f s)",
                     done,
@@ -534,7 +552,7 @@ class Search:
                 )
                 self.building = False
             elif not self.building and done >= BUILD:
-                await on_thread(writer.run, _optimize)
+                await writer.call(_optimize)
             return self.pending <= skipped
 
     def _step(self, conn: sqlite3.Connection, after: int) -> tuple[int, int, int, int]:
@@ -648,11 +666,11 @@ class Search:
         (searched meanwhile), a batch at a time between the indexer's passes; then swap
         them in, in one transaction. Their dead entries go; doc ids stay."""
         writer = self._db("writer")
-        await on_thread(writer.run, _shadow_tables)
+        await writer.call(_shadow_tables)
         after, copied = 0, 0
         while True:
             async with self._busy:
-                after, n = await on_thread(writer.run, self._copy_batch, after)
+                after, n = await writer.call(self._copy_batch, after)
             if n == 0:
                 break
             copied += n
@@ -660,7 +678,7 @@ class Search:
                 self._wake.clear()
                 await self.work()
         async with self._busy:
-            await on_thread(writer.run, self._swap, after)
+            await writer.call(self._swap, after)
         log.info("search index: compacted (%d documents)", copied)
 
     def _copy_batch(self, conn: sqlite3.Connection, after: int) -> tuple[int, int]:
@@ -715,14 +733,14 @@ class Search:
         """Make the search index again from the transcripts (``verify --repair``)."""
         self._archived.update(os.listdir(self.layout.revisions_root))
         async with self._busy:
-            await on_thread(self._db("writer").run, _clear)
+            await self._db("writer").call(_clear)
         await self.work(log_progress=True)
 
     async def counters(self) -> dict[str, int]:
         """``host.stats``: messages waiting to be searchable, documents made, a build."""
         if self.runs:
-            self.pending = await on_thread(self._db("pages").run, _count)
-        live, dead = await on_thread(self._db("pages").run, _stats)
+            self.pending = await self._db("pages").call(_count)
+        live, dead = await self._db("pages").call(_stats)
         return {
             "search.pending": self.pending,
             "search.building": int(self.building),
@@ -739,20 +757,22 @@ class Search:
         if isinstance(p.cursor, str):
             _position(p.cursor)  # a bad one is refused before any work
         await self.index.settle()  # every answered append is queued
-        pending = await on_thread(self._db("search").run, _count)
+        pending = await self._db("search").call(_count)
         archives = p.scope == "all" and (self._archived or self._syncing) and not self.building
         if self.runs and (0 < pending <= CATCH_UP or archives):
             await self.work(limit=CATCH_UP)
             pending = self.pending
-        return await on_thread(_answer, self._db("search"), self.layout, q, p, pending)
+        return await self._db("search").call(_answer, self.layout, q, p, pending)
 
 
-def _answer(db: Db, layout: Layout, q: Query, p: SearchParams, pending: int) -> SearchResult:
+def _answer(
+    conn: sqlite3.Connection, layout: Layout, q: Query, p: SearchParams, pending: int
+) -> SearchResult:
     if isinstance(p.cursor, str):
         pos, ceiling = _position(p.cursor)
     else:
-        pos, ceiling = 0, db.run(_newest)
-    cands = db.run(lambda c: _rank(c, q, p, ceiling))
+        pos, ceiling = 0, _newest(conn)
+    cands = _timed(conn, lambda: _rank(conn, q, p, ceiling))
     limit = p.limit if isinstance(p.limit, int) else SEARCH_PAGE
     hits, pos = _hits(layout, q, cands, pos, limit)
     return SearchResult(
@@ -762,6 +782,23 @@ def _answer(db: Db, layout: Layout, q: Query, p: SearchParams, pending: int) -> 
         candidates=len(cands),
         cursor=_cursor(pos, ceiling) if pos < len(cands) else msgspec.UNSET,
     )
+
+
+def _timed(conn: sqlite3.Connection, work: Callable[[], T]) -> T:
+    """``work()``, stopped by SQLite past :data:`RANK_TIME` seconds: ``LIMIT_EXCEEDED``."""
+    deadline = time.monotonic() + RANK_TIME
+    conn.set_progress_handler(lambda: time.monotonic() > deadline, 10_000)
+    try:
+        return work()
+    except sqlite3.OperationalError:
+        if time.monotonic() <= deadline:
+            raise
+        raise LimitExceeded(
+            f"session.search: ranking took over {RANK_TIME:.0f} s; use fewer or shorter terms",
+            limit=int(RANK_TIME * 1000),
+        ) from None
+    finally:
+        conn.set_progress_handler(None, 0)
 
 
 def _newest(conn: sqlite3.Connection) -> int:
@@ -891,7 +928,7 @@ def search_command(
     )
     db = Db(connect_read_only(layout.index))
     try:
-        result = _answer(db, layout, parse_query(query), p, db.run(_count))
+        result = db.run(_answer, layout, parse_query(query), p, db.run(_count))
     except HostError as exc:
         print(f"python -m host search: {exc.message}", file=sys.stderr)
         return 2

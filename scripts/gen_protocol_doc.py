@@ -854,6 +854,11 @@ LIMIT_ROWS = [
         "older matches are not ranked nor paged to (`candidates` says how many were)",
     ),
     (
+        "a search's ranking",
+        "@@RANK_TIME@@ seconds",
+        "`LIMIT_EXCEEDED` (`data.limit`: milliseconds): use fewer or shorter terms",
+    ),
+    (
         "a cursor",
         "@@MAX_CURSOR@@ characters",
         "`INVALID_PARAMS`, as any cursor no answer gave",
@@ -1050,10 +1055,15 @@ Ranking is bm25 (`score`, higher is better), ties most recently indexed first, o
 bounded set of candidates: the most recent @@CANDIDATES@@ matches of the query (by when
 they were indexed) across every session, or in one with `sessionId`.
 `candidates` says how many were ranked; when it is @@CANDIDATES@@, older matches may exist
-that are not offered (narrow the query, or search one session). So the cost of a search is
-bounded whatever the number of matches. Hits are paged by `cursor` over those candidates,
-ranked from what was indexed when the first page was asked: a message indexed since does
-not move the later pages (a message changed or deleted since is left out of them).
+that are not offered (narrow the query, or search one session). A query's cost is not
+bounded by its matches alone (a long phrase is checked against each document of a session
+with `sessionId`), so its ranking stops at @@RANK_TIME@@ s: `LIMIT_EXCEEDED`
+(`data.limit` in milliseconds); searches wait their turn for the index without taking
+the threads writes need. Hits are paged by `cursor` over those candidates,
+ranked again on each page from what was indexed when the first page was asked: a message
+changed or deleted since is left out, so a hit may move across a page's edge (shown twice,
+or not at all); a message indexed since is not ranked, but it changes the words'
+statistics bm25 scores with, which can move hits the same way.
 Each hit's `snippet` is plain text cut from the transcript's line, `ranges` the
 `[start, end)` offsets of the matches in code points, found as the index finds words (case
 and diacritics folded: `cafe` marks `Café`). The index is derived and built
@@ -1345,6 +1355,7 @@ def _subst(text: str) -> str:
         .replace("@@SEARCH_PAGE_MAX@@", f"{_wire.SEARCH_PAGE_MAX:,}")
         .replace("@@SEARCH_PAGE@@", f"{_wire.SEARCH_PAGE:,}")
         .replace("@@CANDIDATES@@", f"{_search.CANDIDATES:,}")
+        .replace("@@RANK_TIME@@", f"{_search.RANK_TIME:g}")
         .replace("@@MAX_CURSOR@@", f"{_wire.MAX_CURSOR:,}")
         .replace("@@MAX_DOC@@", f"{_search.MAX_DOC:,}")
         .replace("@@DEAD_FLOOR@@", f"{_search.DEAD_FLOOR:,}")

@@ -223,3 +223,76 @@ async def test_a_compaction_cut_by_a_kill_keeps_the_index(
     with contextlib.closing(sqlite3.connect(index)) as conn:
         left = conn.execute("SELECT name FROM sqlite_master WHERE name LIKE '%_next%'")
         assert left.fetchall() == []
+
+
+async def test_a_search_cursor_past_sqlites_integers_is_invalid_params(client: Client) -> None:
+    await client.call("session.create", sessionId="a")
+    cursor = base64.urlsafe_b64encode(b"search:0:99999999999999999999").decode()
+    await _refused(client, "session.search", "INVALID_PARAMS", query="x", cursor=cursor)
+
+
+PHRASE = "_".join("abcdefghijklmnop"[i % 16] * 3 for i in range(250))
+"""One term of 250 words (999 characters, within a query's bounds): checked as a phrase
+against every document of a session, about 5 ms each on this machine."""
+
+
+async def _wordy(client: Client, n: int) -> None:
+    words = [f"w{i:x}" for i in range(4_000)]
+    await client.call("session.create", sessionId="big")
+    text = [" ".join(words[(i * 7 + k) % 4_000] for k in range(30)) for i in range(n)]
+    await client.call(
+        "session.replaceMessages",
+        sessionId="big",
+        messages=[msg(f"m{i}", content=t) for i, t in enumerate(text)],
+    )
+    await _indexed(client)
+
+
+async def _socket_host(start_host: StartHost, tmp_path: Path) -> tuple[HostProcess, Client]:
+    host = await start_host(socket=tmp_path / "run" / "h.sock")
+    client = await host.connect()
+    await client.handshake()
+    return host, client
+
+
+@pytest.mark.timeout(300)
+async def test_slow_searches_leave_threads_for_writes(
+    start_host: StartHost, tmp_path: Path
+) -> None:
+    """Eight slow searches on eight connections (more than the host's worker threads):
+    each waited for the one search connection on a thread of its own, so a create on
+    another connection waited for the searches. Now they wait on the loop: the create is
+    answered before any of them."""
+    host, client = await _socket_host(start_host, tmp_path)
+    await _wordy(client, 300)
+    searchers = [await host.connect() for _ in range(8)]
+    for c in searchers:
+        await c.handshake()
+    order: list[str] = []
+
+    async def search(c: Client) -> None:
+        await c.call("session.search", query=PHRASE, sessionId="big")
+        order.append("search")
+
+    running = [asyncio.create_task(search(c)) for c in searchers]
+    for c in searchers:  # answered once the host read (and let in) the search before it
+        await c.call("host.stats")
+    await client.call("session.create", sessionId="other")
+    order.append("create")
+    await asyncio.gather(*running)
+    assert order[0] == "create", order
+
+
+@pytest.mark.timeout(300)
+async def test_a_search_past_its_time_is_limit_exceeded(
+    start_host: StartHost, tmp_path: Path
+) -> None:
+    """A 250-word phrase checked against 2,000 documents of one session ran for about 11 s
+    (112 s at 20,000) on the search connection; its ranking now stops at
+    ``RANK_TIME``: ``LIMIT_EXCEEDED``, and the next search is served."""
+    _, client = await _socket_host(start_host, tmp_path)
+    await _wordy(client, 2_000)
+    err = await _refused(client, "session.search", "LIMIT_EXCEEDED", query=PHRASE, sessionId="big")
+    assert err.data["limit"] == 5_000, err.error
+    hits = (await client.call("session.search", query="w1", sessionId="big"))["hits"]
+    assert hits
