@@ -68,8 +68,8 @@ class Organise:
         out: list[tuple[Any, ...]] = []
         for ph in phases[phases.index(phase) :] if phase in phases else []:
             cond = "1" if ph is None else f"pinned = {ph}"
-            rows = await self.search.read(
-                f"SELECT session_id, substr(title, 1, {MAX_TITLE}), line_count, updated_at,"
+            rows = await self.search.read(  # (titles clipped below: substr stops at a NUL)
+                "SELECT session_id, title, line_count, updated_at,"
                 f" created_at, meta, {ph if ph is not None else 'NULL'} FROM sessions"
                 f" WHERE {cond} AND ({col}, session_id) < (?, ?)"
                 f" ORDER BY {col} DESC, session_id DESC LIMIT ?",
@@ -92,7 +92,7 @@ class Organise:
             sessions=[
                 SessionSummary(
                     session_id=r[0],
-                    title=r[1],
+                    title=r[1] if r[1] is None else r[1][:MAX_TITLE],  # an older host's
                     message_count=r[2],
                     updated_at=r[3],
                     created_at=r[4],

@@ -98,3 +98,19 @@ async def test_a_transcript_copied_in_is_listed_with_its_meta(
     await client.call("session.create", sessionId="z")  # newer, not pinned: listed last
     walked = await _walk(client, pinnedFirst=True, limit=1)
     assert sorted(walked[:2]) == ["copy", "src"] and walked[2:] == ["z"], walked
+
+
+async def test_a_title_holding_nul_is_listed_whole(start_host: StartHost) -> None:
+    """JSON lets a string hold U+0000 (``\\u0000``); the update stored it whole, but the
+    list cut it there (SQL's ``substr`` counts characters up to the first NUL)."""
+    host = await start_host()
+    assert host.client is not None
+    await host.client.handshake()
+    title = "Budget\x002025 plan"
+    await host.client.call("session.create", sessionId="a")
+    assert (await host.client.call("session.update", sessionId="a", title=title))["title"] == title
+    for _ in range(2):  # served, and read again from meta.json at a start
+        (listed,) = (await host.client.call("session.list"))["sessions"]
+        assert listed["title"] == title
+        host = await restart_host(start_host, host)
+        assert host.client is not None
