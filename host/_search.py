@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import hashlib
 import logging
 import os
@@ -88,8 +89,23 @@ TEXT_TYPES = frozenset({"text", "input_text", "output_text"})
 """Content parts whose ``text`` is a message's text (Anthropic's, OpenAI's, pi's)."""
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\U00020000-\U0003134f"
 _CJK_RUN = re.compile(f"[{_CJK}]+")
-_PIECE = re.compile(f"([{_CJK}]+)|((?:(?![{_CJK}])[^\\W_])+)")
-"""A CJK run (hiragana, katakana, CJK ideographs, Hangul syllables) or a word."""
+_PRIVATE = "\ue000-\uf8ff\U000f0000-\U000ffffd\U00100000-\U0010fffd"
+
+
+@functools.cache
+def _piece() -> re.Pattern[str]:
+    """A CJK run (hiragana, katakana, CJK ideographs, Hangul syllables) or a word, of the
+    characters ``unicode61`` takes for a word's: letters, digits, private use and
+    non-spacing marks (``Mn``: a decomposed ``ï``, the dot ``İ`` lowers to), so a query's
+    words are the index's. Made at the first query (the marks: one pass over the three
+    planes that hold them)."""
+    marks = "".join(
+        re.escape(chr(c))
+        for plane in (0, 1, 14)
+        for c in range(plane << 16, (plane + 1) << 16)
+        if unicodedata.category(chr(c)) == "Mn"
+    )
+    return re.compile(f"([{_CJK}]+)|((?:(?![{_CJK}])(?:[^\\W_]|[{marks}{_PRIVATE}]))+)")
 
 
 # -- the text of a message ----------------------------------------------------------------
@@ -178,7 +194,7 @@ def _term_fts(term: str) -> tuple[list[str], list[str], list[str]]:
     characters or pairs), its words and short runs, and its CJK runs of 3 or more
     characters (checked whole)."""
     phrases, marks, long_runs = [], [], []
-    for m in _PIECE.finditer(term):
+    for m in _piece().finditer(term):
         run, word = m.group(1), m.group(2)
         if word is not None or len(run) <= 2:
             marks.append(word or run)
@@ -214,7 +230,7 @@ def parse_query(query: str) -> Query:
             raise InvalidParams("OR is not supported: every term must occur (search once per term)")
         term = quoted if bare is None else bare.removeprefix("-")
         negate = negate or bool(minus) or (bare or "").startswith("-")
-        phrases, marks, runs = _term_fts(term.lower())
+        phrases, marks, runs = _term_fts(term)  # folded by FTS5 as the index is
         if phrases:
             count += 1
             if count > MAX_TERMS:

@@ -1039,7 +1039,8 @@ again (same source and message: `created: false`, a retried call).""",
 Full-text search across every session (or one, `sessionId`). Terms are separated by
 spaces and all must occur; `"two words"` is one term, `-term` or `NOT term` excludes one,
 `AND` and a trailing `*` change nothing, `OR` is `INVALID_PARAMS`. A term's words are
-letters and digits (case and diacritics folded, any script): a word of 3 characters or
+letters, digits, private-use characters and non-spacing marks, as SQLite's `unicode61`
+splits the text (case and diacritics folded by it, any script): a word of 3 characters or
 more matches as a prefix (`organis` finds `organise` and `Organisation`), a shorter one as
 a whole word; every other character, FTS5's syntax included, only separates words
 (`foo_bar` is `foo` and `bar`, in any order). CJK text (hiragana, katakana, ideographs,

@@ -296,3 +296,30 @@ async def test_a_search_past_its_time_is_limit_exceeded(
     assert err.data["limit"] == 5_000, err.error
     hits = (await client.call("session.search", query="w1", sessionId="big"))["hits"]
     assert hits
+
+
+WORDS = {
+    "decomposed": "nai\u0308ve",  # NFD: i and U+0308, a non-spacing mark
+    "dotted capital I": "\u0130stanbul",  # lowers in Python to i and U+0307
+    "private use": "foo\ue000bar",
+    "Cherokee": "\u13e3\u13b3\u13a9",  # Python lowers it (Unicode 8); SQLite's tables do not
+    "Adlam": "\U0001e900\U0001e901\U0001e902",  # the same (Unicode 9)
+}
+
+
+async def test_a_word_is_found_by_itself_in_any_script(client: Client) -> None:
+    """A query is split into words as the index splits its text (``unicode61``: letters,
+    digits, private use, non-spacing marks) and folded by it, not by Python: each of
+    these words, searched for, missed the message holding it."""
+    await client.call("session.create", sessionId="a")
+    for i, word in enumerate(WORDS.values()):
+        await client.call(
+            "session.appendMessage", sessionId="a", message=msg(f"m{i}", content=f"x {word} y")
+        )
+    await _indexed(client)
+    missed = []
+    for i, (name, word) in enumerate(WORDS.items()):
+        hits = (await client.call("session.search", query=word))["hits"]
+        if [h["messageId"] for h in hits] != [f"m{i}"]:
+            missed.append(name)
+    assert missed == []
