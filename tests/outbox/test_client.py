@@ -175,7 +175,10 @@ async def test_find_and_organise_through_the_client(tmp_path: Path) -> None:
         assert len(rest["hits"]) == 1
         got = await client.update_session("s1", title="Lights", meta={"pinned": True})
         assert got["meta"] == {"pinned": True}
-        listed = [r["sessionId"] async for r in client.list_sessions(limit=1, pinnedFirst=True)]
+        rows = [r async for r in client.list_sessions(limit=1, pinnedFirst=True)]
+        listed = [r["sessionId"] for r in rows]
         assert listed[0] == "s1" and sorted(listed) == ["s0", "s1", "s2"]
+        assert [r["meta"] for r in rows] == [{"pinned": True}, None, None]
+        assert all(r["createdAt"][:2] == "20" and r["createdAt"][10] == "T" for r in rows)
         forked = await client.fork_session("s2", "m2", "copy")
         assert forked == {"sessionId": "copy", "created": True, "messageCount": 1}

@@ -14,7 +14,7 @@ import {
   search,
   updateSession,
 } from "../src/index.js";
-import { message, startHost, stopAll } from "./helpers.js";
+import { finish, message, startHost, stopAll } from "./helpers.js";
 
 afterEach(stopAll);
 
@@ -48,7 +48,11 @@ test("search, list pages, update and fork", TIMEOUT, async () => {
   const updated = await updateSession(c, { sessionId: "s1", title: "Harbour", meta: { pinned: true } });
   assert.deepEqual(updated.meta, { pinned: true });
   const ids: string[] = [];
-  for await (const s of listSessions(c, { limit: 2, pinnedFirst: true })) ids.push(s.sessionId);
+  for await (const s of listSessions(c, { limit: 2, pinnedFirst: true })) {
+    ids.push(s.sessionId);
+    assert.match(s.createdAt, /^\d{4}-\d\d-\d\dT/); // every entry carries both (the schema)
+    assert.deepEqual(s.meta, s.sessionId === "s1" ? { pinned: true } : null);
+  }
   assert.equal(ids.length, 5);
   assert.equal(ids[0], "s1");
 
@@ -65,4 +69,5 @@ test("search, list pages, update and fork", TIMEOUT, async () => {
     assert.equal(err.error.data.code, "LIMIT_EXCEEDED");
     return true;
   });
+  await finish(host); // exit 0, and every request and answer matched the schema
 });
