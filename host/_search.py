@@ -33,7 +33,6 @@ import logging
 import os
 import re
 import sqlite3
-import threading
 import time
 import unicodedata
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -321,23 +320,18 @@ def _position(cursor: str) -> tuple[int, int]:
 
 
 class Db:
-    """One SQLite connection of the search's, used by one thread at a time."""
+    """One SQLite connection of the search's, used by one call at a time."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
-        self.lock = threading.Lock()
         self.turn = asyncio.Lock()
 
-    def run(self, work: Callable[..., T], *args: Any) -> T:
-        with self.lock:
-            return work(self.conn, *args)
-
     async def call(self, work: Callable[..., T], *args: Any) -> T:
-        """:meth:`run` on a thread once the connection is free: its callers wait on the
-        loop, not each holding one of the few worker threads every write needs (ten slow
-        searches held them all, and a create waited for them)."""
+        """``work(conn, *args)`` on a thread once the connection is free: its callers wait
+        on the loop, not each holding one of the few worker threads every write needs (ten
+        slow searches held them all, and a create waited for them)."""
         async with self.turn:
-            return await on_thread(self.run, work, *args)
+            return await on_thread(work, self.conn, *args)
 
 
 _ACTIVE = (
@@ -942,14 +936,14 @@ def search_command(
         session_id=session_id or msgspec.UNSET,
         scope="all" if scope else "active",
     )
-    db = Db(connect_read_only(layout.index))
+    conn = connect_read_only(layout.index)
     try:
-        result = db.run(_answer, layout, parse_query(query), p, db.run(_count))
+        result = _answer(conn, layout, parse_query(query), p, _count(conn))
     except HostError as exc:
         print(f"python -m host search: {exc.message}", file=sys.stderr)
         return 2
     finally:
-        db.conn.close()
+        conn.close()
     for hit in result.hits:
         text, marked, at = hit.snippet.text, [], 0
         for a, b in hit.snippet.ranges:
