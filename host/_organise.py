@@ -88,23 +88,7 @@ class Organise:
             )
             cursor = base64.urlsafe_b64encode(raw.encode()).decode()
         sessions = self.registry.sessions
-        return ListResult(
-            sessions=[
-                SessionSummary(
-                    session_id=r[0],
-                    title=r[1] if r[1] is None else r[1][:MAX_TITLE],  # an older host's
-                    message_count=r[2],
-                    updated_at=r[3],
-                    created_at=r[4],
-                    meta=None
-                    if r[5] is None
-                    else decode(_META, r[5].encode("utf-8", "surrogatepass")),
-                )
-                for r in out
-                if r[0] in sessions
-            ],
-            cursor=cursor,
-        )
+        return ListResult(sessions=[_summary(r) for r in out if r[0] in sessions], cursor=cursor)
 
     # -- session.update -------------------------------------------------------------
 
@@ -166,6 +150,19 @@ class Organise:
 
 
 _END = "\uffff"  # past every timestamp and id: a page from the start
+
+
+def _summary(r: tuple[Any, ...]) -> SessionSummary:
+    """A list entry from its ``sessions`` row."""
+    meta = r[5]
+    return SessionSummary(
+        session_id=r[0],
+        title=r[1] if r[1] is None else r[1][:MAX_TITLE],  # an older host's
+        message_count=r[2],
+        updated_at=r[3],
+        created_at=r[4],
+        meta=None if meta is None else decode(_META, meta.encode("utf-8", "surrogatepass")),
+    )
 
 
 def _position(cursor: str, order: str, pinned_first: bool) -> tuple[int | None, str, str]:

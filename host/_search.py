@@ -219,7 +219,9 @@ def parse_query(query: str) -> Query:
     """
     if len(query) > MAX_QUERY:
         raise LimitExceeded(f"a query may hold {MAX_QUERY:,} characters at most", limit=MAX_QUERY)
-    q, want, drop, negate, count = Query(), [], [], False, 0
+    q, negate, count = Query(), False, 0
+    want: list[str] = []
+    drop: list[str] = []
     for m in _TOKEN.finditer(query):
         minus, quoted, bare = m.group(1), m.group(2), m.group(3)
         if bare in ("AND", "NOT"):
@@ -229,25 +231,31 @@ def parse_query(query: str) -> Query:
             raise InvalidParams("OR is not supported: every term must occur (search once per term)")
         term = quoted if bare is None else bare.removeprefix("-")
         negate = negate or bool(minus) or (bare or "").startswith("-")
-        phrases, marks, runs = _term_fts(term)  # folded by FTS5 as the index is
-        if phrases:
-            count += 1
-            if count > MAX_TERMS:
-                raise LimitExceeded(f"a query may hold {MAX_TERMS} terms at most", limit=MAX_TERMS)
-            if negate and runs:
-                q.excluded += runs  # checked against the text only: pairs would exclude more
-            elif negate:
-                drop.append("(" + " AND ".join(phrases) + ")")
-            else:
-                want += phrases
-                q.needles += runs
-                q.marks += marks
+        count += _add_term(q, want, drop, term, negate)
+        if count > MAX_TERMS:
+            raise LimitExceeded(f"a query may hold {MAX_TERMS} terms at most", limit=MAX_TERMS)
         negate = False
     if not want:
         raise InvalidParams("the query has no word to search for (only operators or punctuation)")
     q.fts = "(" + " AND ".join(want) + ")" + "".join(f" NOT {d}" for d in drop)
     q.marks += q.needles
     return q
+
+
+def _add_term(q: Query, want: list[str], drop: list[str], term: str, negate: bool) -> int:
+    """Add one term's phrases to ``want`` (or, negated, ``drop``); 1 if it has a word."""
+    phrases, marks, runs = _term_fts(term)  # folded by FTS5 as the index is
+    if not phrases:
+        return 0
+    if negate and runs:
+        q.excluded += runs  # checked against the text only: pairs would exclude more
+    elif negate:
+        drop.append("(" + " AND ".join(phrases) + ")")
+    else:
+        want += phrases
+        q.needles += runs
+        q.marks += marks
+    return 1
 
 
 class _Fold(dict[int, str]):
@@ -582,19 +590,7 @@ class Search:
             item = items.setdefault((sid, mid), [[], None, None, None])
             item[0].append(seq)
             item[1], item[2] = offset, length
-        with _files() as fds:
-            for (sid, mid), item in items.items():
-                path = self.layout.transcript(sid)
-                got = None if item[1] is None else _read_line(fds, path, *item[1:3])
-                if item[1] is None:
-                    item[3] = []  # its row is gone: no documents
-                elif got is not None and got[0] == mid:
-                    item[3] = [(k, t) for k, t in ((0, got[2]), (1, got[3])) if t]
-                elif (tries := self._tries.get(item[0][-1], 0) + 1) >= RETRIES:
-                    log.warning("search index: %s of %s unreadable: left out", mid, sid)
-                    item[3] = []
-                else:
-                    self._tries[item[0][-1]] = tries
+        self._read_docs(items)
         made = gone = left = 0
         done: list[tuple[int]] = []
         with _writing(conn):
@@ -616,6 +612,23 @@ class Search:
         for (seq,) in done:
             self._tries.pop(seq, None)
         return len(rows), last, made, left
+
+    def _read_docs(self, items: dict[tuple[str, str], list[Any]]) -> None:
+        """Set each item's documents from its line (blocking); an item whose line cannot be
+        read keeps ``None`` (tried again next pass) until its :data:`RETRIES` run out."""
+        with _files() as fds:
+            for (sid, mid), item in items.items():
+                path = self.layout.transcript(sid)
+                got = None if item[1] is None else _read_line(fds, path, *item[1:3])
+                if item[1] is None:
+                    item[3] = []  # its row is gone: no documents
+                elif got is not None and got[0] == mid:
+                    item[3] = [(k, t) for k, t in ((0, got[2]), (1, got[3])) if t]
+                elif (tries := self._tries.get(item[0][-1], 0) + 1) >= RETRIES:
+                    log.warning("search index: %s of %s unreadable: left out", mid, sid)
+                    item[3] = []
+                else:
+                    self._tries[item[0][-1]] = tries
 
     def _sync_archive(self, conn: sqlite3.Connection, sid: str) -> None:
         """Make the documents of a session's archived revisions those its manifests name

@@ -458,6 +458,34 @@ class WatchHub(Epochs):
         after = Cursor.parse(p.after) if isinstance(p.after, str) else None
         if after is not None and after.epoch == epoch and not self._ends_a_record(sid, after):
             raise InvalidParams("cursor: its turn offset is inside a record of the turn log")
+        st = self._watched(s, epoch)
+        now = st.cursor()
+        start = Cursor(epoch, now.lines, 0, 0) if after is None else after
+        self._ids += 1
+        w = Watcher(f"w{self._ids}", sid, outlet, start)
+        if outlet.closed:  # its input ended: the watch ends with it, at once
+            if not st.watchers:
+                s.watched = None
+        elif start.epoch != epoch or start.lines > now.lines or start.turns > now.turns:
+            outlet.watchers[w.id] = w
+            start = Cursor(epoch, now.lines, 0, 0)
+            outlet.end(w, ResetEvent(reason="expired", total_lines=now.lines), start)
+            if not st.watchers:
+                s.watched = None
+            self.registry.count("watch.expired")
+        else:
+            outlet.watchers[w.id] = w
+            st.watchers = [*st.watchers, w]
+            self.registry.count("watch.started")
+            if start.lines == now.lines and start.turns == now.turns:
+                self._go_live(w, s, st)
+            else:
+                w.task = self._spawn(self._catch_up(w))
+        return WatchResult(watch_id=w.id, cursor=start.text(), total_lines=start.lines)
+
+    def _watched(self, s: Session, epoch: str) -> Watched:
+        """The session's watch state at ``epoch``, made if it has none, with room for one
+        more watcher (else ``LIMIT_EXCEEDED``)."""
         st = s.watched
         if st is not None and st.epoch != epoch:
             self._reset_all(st, s, epoch)  # its rewrite's reset had not gone out yet
@@ -469,29 +497,7 @@ class WatchHub(Epochs):
                 f"a session may have {WATCHERS_PER_SESSION} watchers at once",
                 limit=WATCHERS_PER_SESSION,
             )
-        now = st.cursor()
-        start = Cursor(epoch, now.lines, 0, 0) if after is None else after
-        self._ids += 1
-        w = Watcher(f"w{self._ids}", sid, outlet, start)
-        if outlet.closed:  # its input ended: the watch ends with it, at once
-            if not st.watchers:
-                s.watched = None
-            return WatchResult(watch_id=w.id, cursor=start.text(), total_lines=start.lines)
-        outlet.watchers[w.id] = w
-        if start.epoch != epoch or start.lines > now.lines or start.turns > now.turns:
-            start = Cursor(epoch, now.lines, 0, 0)
-            outlet.end(w, ResetEvent(reason="expired", total_lines=now.lines), start)
-            if not st.watchers:
-                s.watched = None
-            self.registry.count("watch.expired")
-            return WatchResult(watch_id=w.id, cursor=start.text(), total_lines=now.lines)
-        st.watchers = [*st.watchers, w]
-        self.registry.count("watch.started")
-        if start.lines == now.lines and start.turns == now.turns:
-            self._go_live(w, s, st)
-        else:
-            w.task = self._spawn(self._catch_up(w))
-        return WatchResult(watch_id=w.id, cursor=start.text(), total_lines=start.lines)
+        return st
 
     async def unwatch(self, p: UnwatchParams, origin: Any = None) -> UnwatchResult:
         """``session.unwatch``: end one of this connection's watches (never a turn)."""

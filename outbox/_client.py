@@ -249,18 +249,8 @@ class HostClient:
                     self._fail_unreadable(line, exc)
                     continue
                 for item in msg if isinstance(msg, list) else [msg]:
-                    if not isinstance(item, dict):
-                        continue
-                    if item.get("method") == "session.event":
-                        self._event(item.get("params"), len(line))
-                        continue
-                    rid = item.get("id")
-                    fut = self._pending.pop(rid, None) if isinstance(rid, int) else None
-                    if isinstance(rid, int) and rid in self._watching:
-                        self._watching.discard(rid)
-                        self._watch_started(item)
-                    if fut is not None and not fut.done():
-                        fut.set_result(item)
+                    if isinstance(item, dict):
+                        self._take(item, len(line))
         except (ConnectionError, asyncio.IncompleteReadError, ValueError) as exc:
             log.warning("host connection lost: %s", exc)
         finally:
@@ -271,6 +261,21 @@ class HostClient:
                 if not fut.done():
                     fut.set_exception(HostGone("the host went away before answering"))
             self._pending.clear()
+
+    def _take(self, item: dict[str, Any], size: int) -> None:
+        """One message from the host: an event, or the answer a call waits for."""
+        if item.get("method") == "session.event":
+            self._event(item.get("params"), size)
+            return
+        rid = item.get("id")
+        if not isinstance(rid, int):
+            return
+        fut = self._pending.pop(rid, None)
+        if rid in self._watching:
+            self._watching.discard(rid)
+            self._watch_started(item)
+        if fut is not None and not fut.done():
+            fut.set_result(item)
 
     def _watch_started(self, answer: dict[str, Any]) -> None:
         """A watch's answer: its events, which follow it at once, have an inbox now."""

@@ -237,15 +237,7 @@ class TurnDriver:
         outcome: Outcome = "crashed"  # a stream that ends without agent_end: the runtime is gone
         async for ev in events:
             if ev["type"] == "message_update":
-                m = ev.get("message")
-                if m and m.get("role") == "assistant" and not m.get("delegate"):
-                    if self.active.get(st.session_id) is st:
-                        # A later reply of the same turn (after a tool call or a retry,
-                        # the first one's message_end settled it): quit flushes it too.
-                        self.inflight[st.session_id] = st.throttle
-                    st.throttle.update(m)
-                    if self.publish:
-                        self._publish(st, m)
+                self._update(st, ev.get("message"))
             elif ev["type"] == "message_end":
                 if m := ev.get("message"):
                     if m.get("role") == "assistant" and not m.get("delegate"):
@@ -262,6 +254,17 @@ class TurnDriver:
         if regenerate and outcome == "completed":
             await self.save_active(st.session_id)
         return outcome
+
+    def _update(self, st: TurnState, m: Any) -> None:
+        """A streaming reply's newest state: throttled to a checkpoint, and published."""
+        if m and m.get("role") == "assistant" and not m.get("delegate"):
+            if self.active.get(st.session_id) is st:
+                # A later reply of the same turn (after a tool call or a retry,
+                # the first one's message_end settled it): quit flushes it too.
+                self.inflight[st.session_id] = st.throttle
+            st.throttle.update(m)
+            if self.publish:
+                self._publish(st, m)
 
     async def end(self, st: TurnState, outcome: Outcome) -> None:
         """End the turn on the host as ``outcome`` says."""
