@@ -206,13 +206,17 @@ def _repair_file(
             t.reopen()
             result.rows = rows
         if hint is not None and start_line == 0 and len(result.rows) < hint.line_count:
-            log.error(
+            # Marked dirty: a change (a cut, a rewrite) was made and its index not yet
+            # told, so fewer lines are its result. Unmarked, lines the index had are lost.
+            log.log(
+                logging.INFO if hint.dirty else logging.ERROR,
                 "session %s: %d indexed line(s) are missing from the transcript (it is"
-                " shorter than the index recorded: %d bytes, not %d); kept what is there",
+                " shorter than the index recorded: %d bytes, not %d)%s",
                 session_id,
                 hint.line_count - len(result.rows),
                 st.size,
                 hint.byte_size,
+                ": a change its index had not followed" if hint.dirty else "; kept what is there",
             )
         return result, result_start, t.stamp()
     finally:
