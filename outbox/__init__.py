@@ -44,7 +44,7 @@ from outbox._events import (
     TurnEnd,
     TurnStart,
 )
-from outbox._journal import Entry, Journal
+from outbox._journal import Entry, Journal, JournalBusy
 from outbox._outbox import DrainTimeout, Outbox
 from outbox._rows import RowRefused
 
@@ -62,6 +62,7 @@ __all__ = [
     "HostClient",
     "HostGone",
     "Journal",
+    "JournalBusy",
     "Message",
     "MessageEnd",
     "MessageStart",

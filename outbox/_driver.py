@@ -86,16 +86,18 @@ class Throttle:
 
     async def flush(self) -> None:
         """Write the newest snapshot now, if one is waiting (quit)."""
+        snap = self.latest
         self.cancel()
-        if self.latest is not None:
-            snap, self.latest = self.latest, None
+        if snap is not None:
             await self._save(snap)
 
     def cancel(self) -> None:
-        """Drop a pending trailing write (``message_end`` writes the final one itself)."""
+        """Drop a pending trailing write (``message_end`` writes the final one itself: a
+        later flush must not write an older snapshot over it)."""
         if self._task is not None and not self._task.done():
             self._task.cancel()
         self._task = None
+        self.latest = None
 
 
 @dataclass
@@ -219,16 +221,23 @@ class TurnDriver:
         A row ``enqueue`` refuses (:class:`~outbox._rows.RowRefused`: the host could never
         store it) ends the turn there: the runtime's stream is closed, the turn ended on the
         host as ``error`` (never left running, which would make the session ``AGENT_BUSY``),
-        and the refusal raised, for the app to keep the row or tell the user.
+        and the refusal raised, for the app to keep the row or tell the user. A row the
+        journal cannot take (``OSError``: a full disk) ends it the same way, as a crash
+        (``aborted``, its checkpoint promoted), and the error is raised.
         """
         try:
             return await self._run(st, events, regenerate)
-        except RowRefused as exc:
-            log.error("turn %s of session %s ends as an error: %s", st.turn_id, st.session_id, exc)
+        except (RowRefused, OSError) as exc:
+            # A row the journal cannot hold (a full disk: OSError) ends the turn as a crash
+            # would: its checkpoint, the reply as last seen, is promoted aborted.
+            outcome: Outcome = "error" if isinstance(exc, RowRefused) else "crashed"
+            log.error(
+                "turn %s of session %s ends (%s): %s", st.turn_id, st.session_id, outcome, exc
+            )
             aclose = getattr(events, "aclose", None)  # an async generator's: its cleanup runs
             if aclose is not None:
                 await aclose()
-            await self.end(st, "error")
+            await self.end(st, outcome)
             raise
 
     async def _run(

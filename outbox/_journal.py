@@ -6,14 +6,17 @@ so a flipped byte is reported and skipped at open, never read as another entry.
 ``append`` refuses a row the host could never store (:mod:`outbox._rows`) and returns
 once the entry is fsynced; entries that arrive while an fsync is in
 flight share the next one (group commit). Acks are not fsynced: a lost ack only means
-the entry is sent again, and the host deduplicates by id. Once everything is
-acknowledged the file is compacted by atomic replace.
+the entry is sent again, and the host deduplicates by id. Once acknowledged entries are
+most of the file (and past :data:`COMPACT_BYTES`) it is rewritten with the pending ones
+alone, by atomic replace. One outbox per journal: ``<journal>.lock`` is held while open.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import errno
+import fcntl
 import logging
 import os
 import zlib
@@ -58,7 +61,15 @@ class _Line(Struct, rename="camel", omit_defaults=True):
 
 _DEC = msgspec.json.Decoder(_Line)
 _ENC = msgspec.json.Encoder()
-COMPACT_AFTER = 4096  # acknowledged entries before an idle journal is rewritten
+COMPACT_BYTES = 4 << 20
+"""Bytes of acknowledged entries (and acks) the journal holds before it is rewritten
+with its pending entries alone, once they are at least as many as the pending ones: the
+file stays within twice what is pending plus this, and a rewrite copies no more than it
+drops (a pending entry the host never takes does not stop it)."""
+
+
+class JournalBusy(Exception):
+    """Raised when another outbox (another process of the app) has the journal open."""
 
 
 _CRC = b',"crc":'
@@ -83,7 +94,7 @@ def _checked(line: bytes) -> bytes:
 
 
 class Journal:
-    """Append-only, fsynced, compacted when idle."""
+    """Append-only, fsynced, rewritten once most of it is acknowledged."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -93,7 +104,10 @@ class Journal:
         self._written = 0  # highest seq written to the page cache
         self._synced = 0  # highest seq known durable
         self._sync: asyncio.Future[None] | None = None  # the group's fsync in flight
-        self._acked_since_compact = 0
+        self._sizes: dict[int, int] = {}  # bytes of each pending entry's line
+        self._dead = 0  # bytes of the file that are not pending entries
+        self._unwritten: list[int] = []  # acks a full disk refused: written with the next
+        self._lock = -1
         self._dir_synced = True  # the folder holds the journal's current name durably
         self.fsyncs = 0
         self.refused: dict[int, str] = {}  # pending entries the host could never store: why
@@ -103,15 +117,38 @@ class Journal:
     async def open(cls, path: str) -> AsyncIterator[Journal]:
         """Open (recovering) the journal at ``path``."""
         j = cls(path)
-        await asyncio.to_thread(j._load)
         try:
+            await asyncio.to_thread(j._load)
             yield j
         finally:
-            if j._fd >= 0:
-                os.close(j._fd)
+            for fd in (j._fd, j._lock):
+                if fd >= 0:
+                    os.close(fd)
+
+    def _take_lock(self) -> None:
+        """Hold ``<path>.lock`` (``flock``) while open: one outbox per journal.
+
+        A second one would compact the file from under the first (a rename over it), whose
+        later entries then go, fsynced and reported durable, into an unlinked file.
+        """
+        path = self.path + ".lock"
+        self._lock = open_regular(path, os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise
+            holder = os.pread(self._lock, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise JournalBusy(
+                f"the outbox journal {self.path} is in use by another outbox (pid {holder}):"
+                " one app instance per journal"
+            ) from None
+        os.ftruncate(self._lock, 0)
+        os.pwrite(self._lock, f"{os.getpid()}\n".encode(), 0)
 
     def _load(self) -> None:
         os.makedirs(os.path.dirname(self.path) or ".", mode=0o700, exist_ok=True)
+        self._take_lock()
         # A new journal's name is durable only once its folder is: until then a power cut
         # takes the file, and every entry reported durable in it, away (issue 37).
         self._dir_synced = os.path.lexists(self.path)
@@ -130,13 +167,14 @@ class Journal:
             log.warning("journal: torn last entry (%d bytes) cut", len(data) - pos)
             os.ftruncate(self._fd, pos)
             os.fsync(self._fd)
+        self._dead = pos - sum(self._sizes.values())
         self._written = self._synced = self.next_seq - 1
         for e in self.pending.values():
             if (reason := refusal(e.session_id, bytes(e.message), e.turn_id)) is not None:
                 self.refused[e.seq] = reason
         if damaged:
-            self._quarantine(damaged)
-        if not self.pending and data:
+            self._quarantine(damaged)  # kept there: the rewrite below drops them here
+        if self._dead and (damaged or self._dead >= sum(self._sizes.values())):
             self._compact()
 
     def _replay(self, data: bytes) -> tuple[int, list[bytes]]:
@@ -155,6 +193,7 @@ class Journal:
                 continue
             if isinstance(line.ack, int):
                 self.pending.pop(line.ack, None)
+                self._sizes.pop(line.ack, None)
             elif (
                 isinstance(line.seq, int)
                 and isinstance(line.message, Raw)
@@ -162,6 +201,7 @@ class Journal:
             ):
                 entry = Entry(line.seq, line.session_id, line.message, line.turn_id)
                 self.pending[line.seq] = entry
+                self._sizes[line.seq] = pos - at
                 self.next_seq = max(self.next_seq, line.seq + 1)
         return pos, damaged
 
@@ -200,10 +240,12 @@ class Journal:
         if (reason := refusal(session_id, message, turn_id)) is not None:
             raise RowRefused(f"row refused, the host could never store it: {reason}")
         entry = Entry(self.next_seq, session_id, Raw(message), turn_id)
-        self._write(_sealed(_ENC.encode(entry)))
+        line = _sealed(_ENC.encode(entry))
+        self._write(line)
         self.next_seq += 1
         self._written = entry.seq
         self.pending[entry.seq] = entry
+        self._sizes[entry.seq] = len(line)
         await self._sync_through(entry.seq)
         return entry
 
@@ -227,24 +269,46 @@ class Journal:
         self._synced = max(self._synced, target)
 
     async def sync_acks(self) -> None:
-        """Make the acks written so far durable (before a cut: see ``TurnDriver``)."""
+        """Make every ack so far durable (before a cut: see ``TurnDriver``); ``OSError``
+        when one a full disk refused still cannot be written (then the cut must not go:
+        a replay of its row after it would store the row again)."""
+        if self._unwritten:
+            self._write_acks([])
         await self._fsync(self._written)
 
     def ack(self, seq: int) -> None:
         """Mark an entry acknowledged by the host (not fsynced: a replay is harmless).
 
-        A write that fails (a full disk) is logged, never raised: the host has the row,
-        and the entry is only sent again after a restart.
+        A write that fails (a full disk) is logged, never raised: the host has the row. The
+        ack is written with the next one (or by :meth:`sync_acks`); until then a restart
+        sends the entry again.
         """
         if self.pending.pop(seq, None) is None:
             return
+        self._dead += self._sizes.pop(seq, 0)
         try:
-            self._write(_sealed(b'{"ack":%d}' % seq))
-            self._acked_since_compact += 1
-            if not self.pending and self._acked_since_compact >= COMPACT_AFTER:
-                self._compact()
+            self._write_acks([seq])
         except OSError as exc:
-            log.warning("journal: ack of entry %d not written (%s): replayed at restart", seq, exc)
+            log.warning("journal: ack of entry %d not written (%s): written later", seq, exc)
+            return
+        live = sum(self._sizes.values())
+        if self._dead >= COMPACT_BYTES and self._dead >= live:
+            try:
+                self._compact()
+            except OSError as exc:
+                log.warning("journal: not compacted (%s): tried again later", exc)
+
+    def _write_acks(self, seqs: list[int]) -> None:
+        """Write the acks a full disk refused so far, and ``seqs``'s (``OSError``: kept)."""
+        todo = [*self._unwritten, *seqs]
+        data = b"".join(_sealed(b'{"ack":%d}' % s) for s in todo)
+        try:
+            self._write(data)
+        except OSError:
+            self._unwritten = todo
+            raise
+        self._unwritten = []
+        self._dead += len(data)
 
     async def set_aside(self, entries: list[tuple[Entry, str]]) -> None:
         """Move entries the host will never store to ``<path>.rejected``, then ack them.
@@ -296,7 +360,7 @@ class Journal:
         # later entries going, fsynced and "durable", into the old file, which is unlinked.
         old, self._fd = self._fd, open_regular(self.path, os.O_RDWR | os.O_APPEND)
         os.close(old)
-        self._acked_since_compact = 0
+        self._dead, self._unwritten = 0, []  # the acked entries are gone with the old file
         self._dir_synced = False
         self._sync_dir()
 

@@ -137,15 +137,12 @@ async def test_cancelling_one_append_does_not_fail_the_others(
 async def test_journal_is_compacted_once_everything_is_acknowledged(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_journal, "COMPACT_AFTER", 50)
+    monkeypatch.setattr(_journal, "COMPACT_BYTES", 2000)
     path = tmp_path / "outbox.jsonl"
     async with Journal.open(str(path)) as journal:
         entries = [await journal.append("s", body(i), None) for i in range(60)]
-        for entry in entries[:49]:
-            journal.ack(entry.seq)
         grown = path.stat().st_size
-        assert len(journal.pending) == 11
-        for entry in entries[49:]:
+        for entry in entries:
             journal.ack(entry.seq)
         assert path.stat().st_size < grown / 10, "acknowledged entries are compacted away"
         later = await journal.append("s", body(99), None)  # appends go to the new file
@@ -153,6 +150,64 @@ async def test_journal_is_compacted_once_everything_is_acknowledged(
         assert list(journal.pending) == [later.seq]
         assert bytes(journal.pending[later.seq].message) == body(99)
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+# Found at 4d444d5 (helper-22's producer pass): compaction waited for 4,096 acks with
+# nothing pending, so 300 acknowledged tool rows of 1 MiB kept a 300 MB journal (read
+# whole at the next open), and one entry never acknowledged kept every later one.
+async def test_big_acknowledged_rows_are_compacted_while_one_stays_pending(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "outbox.jsonl"
+    row = 256 << 10
+    sizes = []
+    async with Journal.open(str(path)) as journal:
+        stuck = await journal.append("s", body(0), None)  # never acknowledged
+        for i in range(1, 65):  # 16 MiB of rows, each acknowledged once delivered
+            entry = await journal.append(
+                "s", b'{"id":"t%d","role":"tool","c":"%s"}' % (i, b"x" * row), None
+            )
+            journal.ack(entry.seq)
+            sizes.append(path.stat().st_size)
+        assert list(journal.pending) == [stuck.seq]
+    assert max(sizes) < _journal.COMPACT_BYTES + 3 * row, "the journal grows with what was acked"
+    async with Journal.open(str(path)) as journal:
+        assert list(journal.pending) == [stuck.seq]
+        assert bytes(journal.pending[stuck.seq].message) == body(0)
+
+
+HOLDER = """
+import asyncio, sys
+from outbox import Journal
+
+async def main():
+    async with Journal.open(sys.argv[1]) as j:
+        await j.append("s", b'{"id":"m1","role":"user"}', None)
+        print("open", flush=True)
+        await asyncio.sleep(3600)  # until killed
+
+asyncio.run(main())
+"""
+
+
+# Found at 4d444d5 (helper-22): a second app instance on the same journal compacted it
+# (a rename over it) while the first kept appending to the unlinked file: its later
+# rows, reported durable, were gone after a restart.
+async def test_a_second_outbox_on_the_same_journal_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "outbox.jsonl"
+    proc = await python("-c", HOLDER, str(path))
+    assert proc.stdout is not None
+    try:
+        assert await asyncio.wait_for(proc.stdout.readline(), WAIT) == b"open\n"
+        with pytest.raises(_journal.JournalBusy, match=f"pid {proc.pid}"):
+            async with Journal.open(str(path)):
+                pass
+        assert [json.loads(line)["seq"] for line in path.read_bytes().splitlines()] == [1]
+    finally:
+        proc.kill()
+        await proc.wait()
+    async with Journal.open(str(path)) as journal:  # its holder killed: it opens
+        assert list(journal.pending) == [1]
 
 
 async def test_reopening_a_fully_acknowledged_journal_compacts_it(tmp_path: Path) -> None:
@@ -211,6 +266,47 @@ async def test_a_full_disk_refuses_the_entry_and_loses_none_after_it(tmp_path: P
     assert not path.with_name(path.name + ".quarantine").exists()
 
 
+ACKS_ON_A_FULL_DISK = """
+import asyncio, os, resource, signal, sys
+from outbox import Journal
+
+async def main():
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a short write, then EFBIG: a full disk
+    async with Journal.open(sys.argv[1]) as j:
+        for i in (1, 2):
+            await j.append("s", b'{"id":"a%d","role":"assistant","content":"hi"}' % i, "t")
+        size = os.path.getsize(sys.argv[1])
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, resource.RLIM_INFINITY))
+        j.ack(1)
+        j.ack(2)  # both refused: logged
+        try:
+            await j.sync_acks()
+            print("synced", flush=True)
+        except OSError:
+            print("refused", flush=True)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY,) * 2)  # room again
+        await j.sync_acks()
+        print("synced", flush=True)
+
+asyncio.run(main())
+"""
+
+
+# Found at 4d444d5 (helper-22): acks a full disk refused were never written, and the
+# fsync of acks before a regenerate's cut made only the written ones durable; the cut
+# took the reply away, and the restart sent it again, after the regenerated one.
+async def test_acks_a_full_disk_refused_are_written_before_a_cut_or_it_is_refused(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "outbox.jsonl"
+    proc = await python("-c", ACKS_ON_A_FULL_DISK, str(path))
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    assert out.decode().split() == ["refused", "synced"]
+    async with Journal.open(str(path)) as journal:
+        assert journal.pending == {}, "an ack made durable before a cut is replayed"
+
+
 async def test_a_message_that_is_not_json_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "outbox.jsonl"
     async with Journal.open(str(path)) as journal:
@@ -224,7 +320,7 @@ async def test_a_message_that_is_not_json_is_refused(tmp_path: Path) -> None:
 async def test_entries_after_a_compaction_whose_folder_fsync_failed_are_kept(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_journal, "COMPACT_AFTER", 1)
+    monkeypatch.setattr(_journal, "COMPACT_BYTES", 1)
     path = tmp_path / "outbox.jsonl"
     real_fsync = os.fsync
     failed: list[int] = []

@@ -9,6 +9,7 @@ intact entry, once, in order; the damaged one never, and reported in the log.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
 import os
@@ -130,7 +131,28 @@ async def test_a_damaged_middle_entry_is_reported_and_the_others_delivered(
             assert not box.journal.pending
     assert f"unreadable entry at byte {_offset(lines, 1)} skipped" in caplog.text
     assert "torn last entry" in caplog.text
-    assert path.read_bytes().startswith(b"".join(line + b"\n" for line in lines))  # tail cut
+    assert _quarantined(path) == [lines[1]]  # kept there; the journal, rewritten, is cut
+    assert lines[1] not in path.read_bytes()
+
+
+def _quarantined(path: Path) -> list[bytes]:
+    quarantine = path.with_name(path.name + ".quarantine")
+    return [base64.b64decode(q) for q in quarantine.read_bytes().split()]
+
+
+# Found at 4d444d5 (helper-22): with entries still pending (no host), every open found
+# the damaged line again and appended it to the quarantine once more.
+async def test_a_damaged_entry_is_quarantined_once_however_often_it_is_opened(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "outbox.jsonl"
+    lines = await _write(path, 3)
+    lines[1] = DAMAGE["garbage"](lines[1])
+    _rewrite(path, lines)
+    for _ in range(3):
+        async with Journal.open(str(path)) as journal:
+            assert sorted(journal.pending) == [1, 3]
+    assert _quarantined(path) == [lines[1]]
 
 
 async def test_a_torn_tail_is_cut_and_the_next_entry_lands_on_a_clean_line(
