@@ -177,7 +177,7 @@ class HistoryMethods:
             if pieces is not None:
                 c.transcript = s.file.prepare(pieces)
 
-        await s.change(change, prepare)
+        await s.change(change, prepare, rewrites=pieces is not None)
 
     # -- methods --------------------------------------------------------------------
 

@@ -243,16 +243,20 @@ class Session:
         """Take the space for ``size`` bytes at ``offset`` of the transcript (blocking)."""
         self.registry.fs.reserve(self.file.fd, offset, size)
 
-    async def change(self, change: Change, prepare: Callable[[Change], None]) -> None:
+    async def change(
+        self, change: Change, prepare: Callable[[Change], None], *, rewrites: bool = True
+    ) -> None:
         """Make ``change`` (:mod:`host._intents`): the session marked dirty first (the index
         is rebuilt from the file after a crash), then ``prepare`` (blocking) writes its new
         files into ``change``, which is recorded, applied and finished in the same hop.
 
         An error before the record changes nothing. Past it the change is made: when the
-        disk fails its apply, it is made before the session is served again.
+        disk fails its apply, it is made before the session is served again. ``rewrites``:
+        it replaces the transcript (else only the archive): the transcript's epoch ends.
         """
         reg = self.registry
-        await reg.watch.before_change(self.id)  # its epoch ends first
+        if rewrites:
+            await reg.watch.before_change(self.id)  # its epoch ends first
         await reg.index.mark_dirty(self.id)
 
         def make() -> bool:

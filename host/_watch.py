@@ -171,6 +171,7 @@ class Outlet:
         self.open = conn.writable  # its client takes more (kept by the connection's hooks)
         self.scheduled = False
         self.closed = False
+        self.starting = 0  # session.watch calls not yet answered (their places are taken)
         self.reading = asyncio.Lock()  # one catch-up of the connection reads at a time
         self.waiter: asyncio.Future[None] | None = None  # that one, waiting for room
 
@@ -445,19 +446,28 @@ class WatchHub(Epochs):
     # -- methods ----------------------------------------------------------------------
 
     async def watch(self, p: WatchParams, origin: Any = None) -> WatchResult:
-        """``session.watch``: see docs/protocol.md, "Watching"."""
+        """``session.watch``: see docs/protocol.md, "Watching".
+
+        Its place among the connection's watches is taken before it waits for its session:
+        a client that sends many at once gets no more than one at a time would.
+        """
         outlet = self._outlet(origin)
-        sid = p.session_id
-        if len(outlet.watchers) >= WATCHES_PER_CONNECTION:
+        if len(outlet.watchers) + outlet.starting >= WATCHES_PER_CONNECTION:
             raise LimitExceeded(
                 f"a connection may hold {WATCHES_PER_CONNECTION} watches at once",
                 limit=WATCHES_PER_CONNECTION,
             )
+        outlet.starting += 1
+        try:
+            return await self._watch(outlet, p)
+        finally:
+            outlet.starting -= 1
+
+    async def _watch(self, outlet: Outlet, p: WatchParams) -> WatchResult:
+        sid = p.session_id
         s = await self.registry.open(sid)
         epoch = await self._epoch(sid)
-        after = Cursor.parse(p.after) if isinstance(p.after, str) else None
-        if after is not None and after.epoch == epoch and not self._ends_a_record(sid, after):
-            raise InvalidParams("cursor: its turn offset is inside a record of the turn log")
+        after = None if isinstance(p.after, msgspec.UnsetType) else self._after(sid, p.after, epoch)
         st = self._watched(s, epoch)
         now = st.cursor()
         start = Cursor(epoch, now.lines, 0, 0) if after is None else after
@@ -482,6 +492,15 @@ class WatchHub(Epochs):
             else:
                 w.task = self._spawn(self._catch_up(w))
         return WatchResult(watch_id=w.id, cursor=start.text(), total_lines=start.lines)
+
+    def _after(self, sid: str, text: str, epoch: str) -> Cursor:
+        """The cursor ``text``, or ``INVALID_PARAMS`` for one the host could not have given."""
+        after = Cursor.parse(text)
+        if after.tag > 0xFFFFFFFF:
+            raise InvalidParams("cursor: its checkpoint tag is no CRC-32 (not one the host gave)")
+        if after.epoch == epoch and not self._ends_a_record(sid, after):
+            raise InvalidParams("cursor: its turn offset is inside a record of the turn log")
+        return after
 
     def _watched(self, s: Session, epoch: str) -> Watched:
         """The session's watch state at ``epoch``, made if it has none, with room for one

@@ -311,9 +311,11 @@ class ActivateResult(Result, omit_defaults=False):
 
 # -- watching (issue 34: host/_watch.py) --------------------------------------------------
 
-CURSOR_PATTERN = r"^[0-9a-f]{16}(\.[0-9]{1,15}){3}\Z"
+CURSOR_PATTERN = r"^[0-9a-f]{16}(\.(0|[1-9][0-9]{0,14})){3}\Z"
 Cursor = Annotated[str, Meta(pattern=CURSOR_PATTERN)]
-"""A position in what a session holds on disk: ``epoch.lines.turnLogBytes.checkpoint``."""
+"""A position in what a session holds on disk: ``epoch.lines.turnLogBytes.checkpoint``,
+its numbers in their shortest form, as the host writes them (a cursor is honoured exactly
+when the answer's ``cursor`` is ``after``: one spelled otherwise could not be)."""
 
 
 class WatchParams(Params):

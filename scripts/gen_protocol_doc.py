@@ -654,18 +654,18 @@ each with the *cursor* just after it. A watch ends with `session.unwatch`, when 
 connection closes, or with its last event, `reset` or `deleted`. Watching never ends or
 aborts a turn.
 
-**Cursors are positions on disk.** A cursor is `epoch.lines.turns.checkpoint` (clients
-treat it as opaque): the transcript's *epoch*, its line count, the turn log's size in
-bytes, and a tag (CRC-32) of the checkpoint the watcher was sent. Lines are only appended
-to a transcript until something rewrites it (`updateMessage`, `deleteMessages`,
-`replaceMessages`, `truncateFrom`, `saveActiveRevision`, `activateRevision`, a line the
-host quarantines, `session.delete`); every rewrite ends the epoch first, durably (its
-file `DIR/watch/<id>.epoch` is removed and the folder fsynced before the rewrite's own
-commit point), and a new epoch is random. Every event is sent after what it reports is
-durable. So a cursor means the same after a reconnect, a restart, a `SIGKILL` or a power
-cut: `session.watch` with `after` replays from the files what came after it (the lines, then
-the turn changes, then the current checkpoint if the watcher lacks it), then goes live; if
-its epoch is gone, the watch's only event is `reset`. An index rebuilt from the files keeps
+**Cursors are positions on disk.** A cursor is `epoch.lines.turns.checkpoint` (clients treat
+it as opaque): the transcript's *epoch*, its line count, the turn log's size in bytes, and a
+tag (CRC-32) of the checkpoint the watcher was sent. Lines are only appended to a transcript
+until something rewrites it (`updateMessage`, `deleteMessages`, `replaceMessages`,
+`truncateFrom`, a `saveActiveRevision` that stamps its root, `activateRevision`, a line the
+host quarantines, `session.delete`); every rewrite ends the epoch first, durably (its file
+`DIR/watch/<id>.epoch` is removed and the folder fsynced before the rewrite's own commit
+point), and a new epoch is random. Every event is sent after what it reports is durable. So
+a cursor means the same after a reconnect, a restart, a `SIGKILL` or a power cut:
+`session.watch` with `after` replays from the files what came after it (the lines, then the
+turn changes, then the current checkpoint if the watcher lacks it), then goes live; if its
+epoch is gone, the watch's only event is `reset`. An index rebuilt from the files keeps
 every epoch (they are not in it). A session nobody ever watched has no epoch file: its
 rewrites cost nothing more; one that was watched pays one fsync per rewrite.
 
@@ -1187,9 +1187,11 @@ then go live; when it is gone (a rewrite since, or a cursor of a deleted session
 is where the session stands now (as without `after`, but the turn log replayed whole) and
 the watch's first and last event is `reset` (`expired`). So a cursor was honoured exactly
 when `cursor` = `after`. `NOT_FOUND` for a session that does not exist; `INVALID_PARAMS`
-for a cursor the host cannot read, or one of the standing epoch whose turn offset falls
-inside a record of the turn log (no cursor the host gave does); `LIMIT_EXCEEDED` past the
-[watch limits](#limits).""",
+for a cursor the host could not have given: one it cannot read, one spelled otherwise (a
+leading zero), a checkpoint tag past 2^32 - 1 (no CRC-32), or one of the standing epoch
+whose turn offset falls inside a record of the turn log; `LIMIT_EXCEEDED` past the
+[watch limits](#limits) (the connection's counts the watches not yet answered: sent at
+once, no more are let through than one at a time).""",
     "session.unwatch": """\
 End a watch of this connection (no event follows; one already written may still be read).
 `unwatched: false` when it had ended (a `reset`, `deleted`) or is not this connection's.

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from host._limits import WATCHES_PER_CONNECTION
 from tests.conftest import Client, RpcError, StartHost, msg
 
 
@@ -271,3 +272,72 @@ async def test_catch_ups_of_a_client_that_never_reads_read_only_what_it_can_take
     chunks = (await writer.call("host.stats"))["counters"].get("watch.chunks", 0)
     stalled.close()
     assert 0 < chunks < 64, chunks  # 4 MiB unread, the kernel's buffer: about 25
+
+
+async def test_watches_sent_at_once_are_held_to_the_connection_bound(client: Client) -> None:
+    """Found at 4d444d5 (helper-20's watch pass): the bound was checked before a watch
+    waited for its session and its epoch's fsync, so 2,000 watches sent in one write all
+    passed it; sent one at a time they stop at 256."""
+    n = WATCHES_PER_CONNECTION + 40
+    for i in range(n):
+        await client.call("session.create", sessionId=f"s{i}")
+    ids = [client.next_id() for _ in range(n)]
+    futs = [client.expect(rid) for rid in ids]
+    lines = [
+        json.dumps(
+            {
+                "jsonrpc": "2.0",
+                "id": rid,
+                "method": "session.watch",
+                "params": {"sessionId": f"s{i}"},
+            }
+        ).encode()
+        + b"\n"
+        for i, rid in enumerate(ids)
+    ]
+    await client.send_raw(b"".join(lines))
+    answers = [await client.wait(f) for f in futs]
+    refused = [a for a in answers if "error" in a]
+    assert len(answers) - len(refused) == WATCHES_PER_CONNECTION
+    assert {a["error"]["data"]["limit"] for a in refused} == {WATCHES_PER_CONNECTION}
+
+
+async def test_a_cursor_spelled_otherwise_than_the_host_gives_is_invalid_params(
+    client: Client,
+) -> None:
+    """Found at 4d444d5 (helper-20): leading zeros were honoured and answered with the
+    host's spelling, so a client comparing ``cursor`` with ``after`` (as the protocol says
+    to) waited for a reset that never came; a tag no CRC-32 can be was taken too."""
+    await client.call("session.create", sessionId="s")
+    await client.call("session.appendMessage", sessionId="s", message=msg("m1"))
+    cursor = (await client.call("session.watch", sessionId="s"))["cursor"]
+    epoch, lines, turns, tag = cursor.split(".")
+    for forged in (
+        f"{epoch}.0{lines}.{turns}.{tag}",
+        f"{epoch}.{lines}.00.{tag}",
+        f"{epoch}.{lines}.{turns}.0{tag}",
+        f"{epoch}.{lines}.{turns}.{1 << 32}",
+    ):
+        with pytest.raises(RpcError) as err:
+            await client.call("session.watch", sessionId="s", after=forged)
+        assert err.value.name == "INVALID_PARAMS", (forged, err.value.error)
+    assert (await client.call("session.watch", sessionId="s", after=cursor))["cursor"] == cursor
+
+
+async def test_a_save_active_revision_that_stamps_nothing_resets_no_watcher(
+    client: Client,
+) -> None:
+    """Found at 4d444d5 (helper-20): a saveActiveRevision that only archived (``stamped:
+    false``, the transcript untouched) ended the epoch: every watcher was reset and every
+    saved cursor expired, each client re-reading the whole transcript."""
+    await client.call("session.create", sessionId="s")
+    for m in (msg("u1"), msg("a1", "assistant")):
+        await client.call("session.appendMessage", sessionId="s", message=m)
+    await client.call("session.saveActiveRevision", sessionId="s")  # stamps u1
+    order = record_order(client)
+    cursor = (await client.call("session.watch", sessionId="s"))["cursor"]
+    again = await client.call("session.saveActiveRevision", sessionId="s")
+    assert again["stamped"] is False and again["archived"] == 1, again
+    await settle(client, "s", order)
+    assert "event:reset" not in order, order
+    assert (await client.call("session.watch", sessionId="s", after=cursor))["cursor"] == cursor
