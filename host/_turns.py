@@ -24,10 +24,10 @@ from host._store import Registry
 from host._wire import (
     BeginTurnParams,
     BeginTurnResult,
-    EmptyParams,
     EndTurnParams,
     EndTurnResult,
     RecoveredRow,
+    RecoverParams,
     RecoverResult,
     SavedResult,
     SaveInflightParams,
@@ -195,10 +195,15 @@ class TurnMethods:
         self.registry.count("checkpoints.promoted")
         return RecoveredRow(session_id=sid, message_id=msg.id, turn_id=cp.turn_id, status=status)
 
-    async def recover_inflight(self, p: EmptyParams) -> RecoverResult:
-        """Settle every session's leftover checkpoint, each under its session's lock."""
+    async def recover_inflight(self, p: RecoverParams) -> RecoverResult:
+        """Settle every session's leftover checkpoint, each under its session's lock, but
+        those of ``keep``: sessions whose turn the caller still runs (a reconnect after the
+        host died mid-reply), whose finished row is still to come and must win."""
+        keep = set(p.keep) if isinstance(p.keep, list) else set()
         out: list[RecoveredRow] = []
         for sid in self.registry.with_checkpoints():
+            if sid in keep:
+                continue
             async with self.registry.hold(sid):
                 row = await self._settle_leftover(sid)
                 if row is not None:

@@ -228,6 +228,14 @@ class RecoveredRow(Result, omit_defaults=False):
     status: str
 
 
+MAX_KEEP = 1_024
+"""Sessions a ``session.recoverInflightMessages`` may name in ``keep``."""
+
+
+class RecoverParams(Params):
+    keep: Annotated[list[Id], Meta(max_length=MAX_KEEP)] | UnsetType = UNSET
+
+
 class RecoverResult(Result, omit_defaults=False):
     recovered: list[RecoveredRow]
 
@@ -492,7 +500,7 @@ METHODS: dict[str, tuple[type[Struct], type[Struct]]] = {
     "session.beginTurn": (BeginTurnParams, BeginTurnResult),
     "session.endTurn": (EndTurnParams, EndTurnResult),
     "session.saveInflightMessage": (SaveInflightParams, SavedResult),
-    "session.recoverInflightMessages": (EmptyParams, RecoverResult),
+    "session.recoverInflightMessages": (RecoverParams, RecoverResult),
     "session.saveRevision": (SaveRevisionParams, SaveRevisionResult),
     "session.listRevisions": (ListRevisionsParams, ListRevisionsResult),
     "session.saveActiveRevision": (SaveActiveParams, SaveActiveResult),

@@ -121,7 +121,8 @@ class TurnDriver:
     the runtime's events and ends the turn on the host, and ``emit`` hears a
     :class:`~outbox.Durable` notice for every message that may be shown as saved. The
     client must have run the connect sequence first (handshake, the outbox attached and
-    drained, ``session.recoverInflightMessages``).
+    drained, ``session.recoverInflightMessages``; on a reconnect while turns run, with
+    ``{"keep": driver.running()}``).
     """
 
     def __init__(
@@ -145,6 +146,12 @@ class TurnDriver:
         self.inflight: dict[str, Throttle] = {}  # session -> the checkpoint state it keeps
         self._turn_ended = asyncio.Event()
         self.stats = {"checkpoints": 0, "turns": 0, "skipped_archives": 0, "rows": 0}
+
+    def running(self) -> list[str]:
+        """The sessions whose turn this driver still runs: a reconnect's
+        ``session.recoverInflightMessages`` names them in ``keep`` (their finished rows are
+        still to come; promoting their checkpoints would store the partials first)."""
+        return sorted(self.active)
 
     async def enqueue(self, session_id: str, message: Message, turn_id: str) -> None:
         """Put a row of the turn in the outbox; return once it is durable there."""

@@ -573,7 +573,9 @@ read and the write inside one hold of the lock instead:
   a checkpoint of another turn alone, as PROTOCOL.md says); a
   `saveInflightMessage` of another turn settles the leftover first instead of
   overwriting it. A reader that skips the connect sequence sees the prompt without the
-  partial reply until then.
+  partial reply until then. The same holds when only the host died and the app's runtime
+  streams on: a reconnect's `recoverInflightMessages` names those sessions in `keep`
+  (`TurnDriver.running()`), or it would store the partial before the finished row.
 
 - `session.beginTurn` with a `turnId` that exists in any state (even ended) is a no-op; its
   `line` is the prompt's line when the call carries a prompt that is stored. One departure
@@ -837,6 +839,11 @@ LIMIT_ROWS = [
         "a `session.list` page",
         "@@LIST_PAGE_MAX@@ sessions (default @@LIST_PAGE@@)",
         "`INVALID_PARAMS` for a larger `limit`; page on with `cursor`",
+    ),
+    (
+        "`keep` of `session.recoverInflightMessages`",
+        "@@MAX_KEEP@@ sessions",
+        "`INVALID_PARAMS`",
     ),
     (
         "a search query",
@@ -1140,7 +1147,12 @@ from the files.""",
     "session.recoverInflightMessages": """\
 Settles every leftover checkpoint, one session lock at a time: already indexed or empty,
 dropped; turn `completed`, appended as `complete`; otherwise appended as `aborted`, and a
-`running` turn becomes `aborted`. Only appended rows are listed.""",
+`running` turn becomes `aborted`. Only appended rows are listed. `keep` names sessions whose
+turn the caller still runs (a reconnect after the host died while a reply streamed: the
+start ended the turn `aborted`, the runtime did not stop): their checkpoints are left, so the
+finished row, still to come, is stored whole; it removes the checkpoint when it lands, and a
+later call without `keep` settles one it never replaced. Without `keep`, the partial was
+stored `aborted` and the finished row deduplicated behind it.""",
     "session.saveRevision": """\
 Under the lock: archives `messages` as a new revision of the root `rootId` (a stored user
 message: in every revision method a `rootId` naming another role is `INVALID_PARAMS`, as the
@@ -1287,6 +1299,7 @@ FIELD_NOTES: dict[tuple[StructType, str], str] = {
     (_wire.SaveInflightParams, "message"): "the streaming assistant message so far",
     (_wire.SavedResult, "saved"): "`false`: that id is already indexed",
     (_wire.RecoveredRow, "status"): "`complete` or `aborted`",
+    (_wire.RecoverParams, "keep"): "sessions whose turn this caller still runs: left alone",
     (_wire.ListRevisionsParams, "includeMessages"): "also return each revision's messages",
     (_wire.ListRevisionsResult, "activeRevision"): "`null`: the root was never stamped",
     (_wire.RevisionInfo, "messages"): "only with `includeMessages`",
@@ -1354,6 +1367,7 @@ def _subst(text: str) -> str:
         .replace("@@LIST_PAGE_MAX@@", f"{_wire.LIST_PAGE_MAX:,}")
         .replace("@@LIST_PAGE@@", f"{_wire.LIST_PAGE:,}")
         .replace("@@MAX_QUERY@@", f"{_wire.MAX_QUERY:,}")
+        .replace("@@MAX_KEEP@@", f"{_wire.MAX_KEEP:,}")
         .replace("@@MAX_TERMS@@", f"{_search.MAX_TERMS:,}")
         .replace("@@SEARCH_PAGE_MAX@@", f"{_wire.SEARCH_PAGE_MAX:,}")
         .replace("@@SEARCH_PAGE@@", f"{_wire.SEARCH_PAGE:,}")

@@ -20,6 +20,11 @@ export interface ConnectOptions {
    * let an older checkpoint win over a finished row) and `connectSequence` rethrows.
    */
   drain?: (client: HostClient) => Promise<void>;
+  /**
+   * On a reconnect, the sessions whose turn the app still runs (the host died while a reply
+   * streamed): their checkpoints are left for the finished rows still to come.
+   */
+  keep?: string[];
   /** Deadline of each of the two calls (default: the client's). */
   deadlineMs?: number;
 }
@@ -44,7 +49,7 @@ export async function connectSequence(
   await options.drain?.(client);
   const recovered: Result<"session.recoverInflightMessages"> = await client.call(
     "session.recoverInflightMessages",
-    {},
+    options.keep === undefined ? {} : { keep: options.keep },
     deadline,
   );
   return { handshake, recovered: recovered.recovered };

@@ -174,6 +174,59 @@ test(
 );
 
 test(
+  "the host dies while the app streams on: a reconnect keeps the checkpoint for the finished row",
+  TIMEOUT,
+  async () => {
+    const first = await startHost();
+    await connectSequence(first.client);
+    const c = first.client;
+    await c.call("session.create", { sessionId: "s" });
+    await c.call("session.beginTurn", {
+      sessionId: "s",
+      turnId: "t1",
+      prompt: message("u1", "user", "Tell me a story"),
+    });
+    await c.call("session.saveInflightMessage", {
+      sessionId: "s",
+      turnId: "t1",
+      message: message("a1", "assistant", "Once upon"),
+    });
+    c.kill("SIGKILL");
+    await c.gone;
+
+    // The app's runtime goes on streaming: its reconnect keeps the session's checkpoint.
+    const second = await startHost(first.dataDir);
+    const d = second.client;
+    const connected = await connectSequence(d, { keep: ["s"] });
+    assert.deepEqual(connected.recovered, []);
+    const whole = "Once upon a time, the end.";
+    const appended = await d.call("session.appendMessage", {
+      sessionId: "s",
+      turnId: "t1",
+      message: message("a1", "assistant", whole),
+    });
+    assert.equal(appended.appended, true);
+    const ended = await d.call("session.endTurn", {
+      sessionId: "s",
+      turnId: "t1",
+      status: "completed",
+    });
+    assert.equal(ended.status, "aborted"); // the second host's start ended it
+    assert.equal(existsSync(checkpoint(first.dataDir, "s")), false); // the final row settled it
+    assert.deepEqual((await d.call("session.recoverInflightMessages")).recovered, []);
+    const page = await d.call("session.get", { sessionId: "s" });
+    assert.deepEqual(
+      page.messages.map((m: Message) => [m.id, m.content]),
+      [
+        ["u1", "Tell me a story"],
+        ["a1", whole],
+      ],
+    );
+    await finish(second);
+  },
+);
+
+test(
   "regenerate: truncateFrom archives the old reply, revisions page between branches",
   TIMEOUT,
   async () => {
