@@ -364,6 +364,7 @@ FIELD_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "query": st.text(max_size=20) | json_values,
     "scope": st.sampled_from(["active", "all", "ALL", ""]) | json_values,
     "tools": st.booleans() | json_values,
+    "keep": st.lists(session_id, max_size=4) | json_values,
 }
 SESSIONS = ("s1", "s2", "s3")
 TURNS = ("t1", "t2", "t3")
@@ -411,6 +412,7 @@ VALID_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "query": st.text(max_size=20),
     "scope": st.sampled_from(["active", "all"]),
     "tools": st.booleans(),
+    "keep": st.lists(st.sampled_from(SESSIONS), max_size=3),
 }
 """Values a method accepts (ids from the pools above), to reach deep into the handlers."""
 FIELDS: dict[str, list[tuple[str, bool]]] = {
