@@ -27,6 +27,7 @@ import dataclasses
 import datetime as dt
 import logging
 import os
+import re
 import sqlite3
 import stat
 import urllib.parse
@@ -234,14 +235,19 @@ def _schema(conn: sqlite3.Connection) -> set[tuple[str, str, str | None]]:
     """Every table, index, view and trigger of ``conn`` but SQLite's own and a cut
     compaction's (dropped when the search indexer starts), with its SQL.
 
-    The SQL's spacing is not compared: re-indenting a migration changes no schema.
+    The SQL's spacing is not compared: re-indenting a migration changes no schema; nor is
+    how a table's name is quoted: ``ALTER TABLE ... RENAME`` (a search compaction's swap)
+    stores it quoted, which changes no schema either.
     """
     rows = conn.execute("SELECT type, name, sql FROM sqlite_master")
     return {
-        (kind, name, " ".join(sql.split()) if sql else None)
+        (kind, name, _QUOTED_NAME.sub(r"\1\3", " ".join(sql.split())) if sql else None)
         for kind, name, sql in rows
         if not name.startswith("sqlite_") and not _compacting(name)
     }
+
+
+_QUOTED_NAME = re.compile(r"""^(CREATE (?:VIRTUAL )?TABLE )(["'`]?)(\w+)\2""")
 
 
 def _schema_after(applied: int) -> set[tuple[str, str, str | None]]:

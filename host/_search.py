@@ -693,31 +693,36 @@ class Search:
         after, copied = 0, 0
         while True:
             async with self._busy:
-                after, n = await writer.call(self._copy_batch, after)
+                after, n, missed = await writer.call(self._copy_batch, after)
             if n == 0:
                 break
             copied += n
+            if missed:
+                self._wake.set()
             if self._wake.is_set():  # what was written meanwhile is indexed as it comes
                 self._wake.clear()
                 await self.work()
         async with self._busy:
-            await writer.call(self._swap, after)
+            if await writer.call(self._swap, after):
+                self._wake.set()
         log.info("search index: compacted (%d documents)", copied)
 
-    def _copy_batch(self, conn: sqlite3.Connection, after: int) -> tuple[int, int]:
+    def _copy_batch(self, conn: sqlite3.Connection, after: int) -> tuple[int, int, int]:
         """Copy the next :data:`BATCH` documents after ``after`` into the new tables, their
-        lines read before the write (blocking); return the last doc and how many."""
-        last, n, copies = self._next_texts(conn, after)
+        lines read before the write (blocking); return the last doc, how many, and how many
+        messages it queued."""
+        last, n, copies, missed = self._next_texts(conn, after)
         with _writing(conn):
-            _insert_next(conn, copies)
-        return last, n
+            _insert_next(conn, copies, missed)
+        return last, n, len(missed)
 
     def _next_texts(
         self, conn: sqlite3.Connection, after: int
-    ) -> tuple[int, int, list[tuple[str, int, str]]]:
-        """The next :data:`BATCH` documents after ``after``: the last one, how many, and
-        ``(table, doc, text)`` of each read from its line (one moved since is left out: its
-        message is queued, its documents made again)."""
+    ) -> tuple[int, int, list[tuple[str, int, str]], list[tuple[int, str, str]]]:
+        """The next :data:`BATCH` documents after ``after``: the last one, how many,
+        ``(table, doc, text)`` of each read from its line, and ``(doc, session, message)``
+        of each live one whose line no longer is where its row said (a rewrite moved it
+        between the row's read and the line's: not every moved line is queued)."""
         rows = conn.execute(
             "SELECT d.doc, d.tools, d.message_id, d.root_id, coalesce(d.offset, m.offset),"
             " coalesce(d.length, m.length), d.session_id, d.file FROM search_docs d"
@@ -726,6 +731,7 @@ class Search:
             (after, BATCH),
         ).fetchall()
         out: list[tuple[str, int, str]] = []
+        missed: list[tuple[int, str, str]] = []
         with _files() as fds:
             for doc, tools, mid, root, offset, length, sid, file in rows:
                 path = _line_path(self.layout, sid, root, file)
@@ -733,16 +739,20 @@ class Search:
                 if got is not None and got[0] == mid:
                     table = "search_archive" if root else "search_tools" if tools else "search_text"
                     out.append((table, doc, fts_text(got[3] if tools else got[2])))
-        return (rows[-1][0] if rows else after), len(rows), out
+                elif root is None and offset is not None:
+                    missed.append((doc, sid, mid))
+        return (rows[-1][0] if rows else after), len(rows), out, missed
 
-    def _swap(self, conn: sqlite3.Connection, after: int) -> None:
+    def _swap(self, conn: sqlite3.Connection, after: int) -> int:
         """Copy what was made since, then put the new tables in the old ones' place: one
-        transaction (blocking; no indexing runs meanwhile)."""
+        transaction (blocking; no indexing runs meanwhile); return the messages it queued."""
+        missed = 0
         with _writing(conn):
             n = 1
             while n:
-                after, n, copies = self._next_texts(conn, after)
-                _insert_next(conn, copies)
+                after, n, copies, lost = self._next_texts(conn, after)
+                _insert_next(conn, copies, lost)
+                missed += len(lost)
             entries = 0
             for table in FTS_TABLES:
                 entries += conn.execute(f"SELECT count(*) FROM {table}_next_docsize").fetchone()[0]
@@ -751,6 +761,7 @@ class Search:
             live = conn.execute("SELECT count(*) FROM search_docs").fetchone()[0]
             dead = max(0, entries - live)  # (a line that could not be read: queued, made again)
             conn.execute("UPDATE search_stats SET live = ?, dead = ?", (live, dead))
+        return missed
 
     async def rebuild(self) -> None:
         """Make the search index again from the transcripts (``verify --repair``)."""
@@ -860,10 +871,19 @@ def _writing(conn: sqlite3.Connection) -> Iterator[None]:
         raise
 
 
-def _insert_next(conn: sqlite3.Connection, copies: list[tuple[str, int, str]]) -> None:
-    """A compaction's documents into the new tables."""
+def _insert_next(
+    conn: sqlite3.Connection,
+    copies: list[tuple[str, int, str]],
+    missed: list[tuple[int, str, str]],
+) -> None:
+    """A compaction's documents into the new tables. A document whose line could not be
+    read (a rewrite moved it meanwhile) goes, and its message is queued: its documents are
+    made again (kept, its unchanged digest would let the indexer pass it over)."""
     for table, doc, text in copies:
         conn.execute(f"INSERT INTO {table}_next (rowid, text) VALUES (?, ?)", (doc, text))
+    for doc, sid, mid in missed:
+        conn.execute("DELETE FROM search_docs WHERE doc = ?", (doc,))
+        conn.execute("INSERT INTO search_queue (session_id, message_id) VALUES (?, ?)", (sid, mid))
 
 
 def _shadow_tables(conn: sqlite3.Connection, *, make: bool = True) -> None:
