@@ -40,6 +40,8 @@ from host._wire import (
     ForkResult,
     ListParams,
     ListResult,
+    SearchParams,
+    SearchResult,
     SessionSummary,
     UpdateSessionParams,
     UpdateSessionResult,
@@ -49,11 +51,18 @@ _META = msgspec.json.Decoder(dict[str, Raw])
 
 
 class Organise:
-    """``session.list``, ``session.update`` and ``session.fork``."""
+    """``session.list``, ``session.update``, ``session.fork`` and ``session.search``."""
 
     def __init__(self, registry: Registry, search: Search) -> None:
         self.registry = registry
         self.search = search
+
+    async def search_sessions(self, p: SearchParams) -> SearchResult:
+        """``session.search``; within a session that does not exist, ``NOT_FOUND`` (as every
+        method of one session), not an empty page."""
+        if isinstance(p.session_id, str) and p.session_id not in self.registry.sessions:
+            raise NotFound("session", p.session_id)
+        return await self.search.search(p)
 
     # -- session.list ---------------------------------------------------------------
 

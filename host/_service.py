@@ -96,7 +96,7 @@ class Host:
             "session.list": Method(o.list_sessions, none),
             "session.update": Method(o.update),
             "session.fork": ForkMethod(o.fork),
-            "session.search": Method(self.search.search, none),
+            "session.search": Method(o.search_sessions, none),
         }
         self.methods = frozenset(self.handlers)
         self.big_results = frozenset(

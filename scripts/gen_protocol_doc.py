@@ -1060,18 +1060,19 @@ results (a `tool` message, `tool_result` parts) only with `tools: true`; the fir
 @@MAX_DOC@@ characters of each.
 
 Ranking is bm25 (`score`, higher is better), ties most recently indexed first, over a
-bounded set of candidates: the most recent @@CANDIDATES@@ matches of the query (by when
-they were indexed) across every session, or in one with `sessionId`.
-`candidates` says how many were ranked; when it is @@CANDIDATES@@, older matches may exist
-that are not offered (narrow the query, or search one session). A query's cost is not
-bounded by its matches alone (a long phrase is checked against each document of a session
-with `sessionId`), so its ranking stops at @@RANK_TIME@@ s: `LIMIT_EXCEEDED`
-(`data.limit` in milliseconds); searches wait their turn for the index without taking
-the threads writes need. Hits are paged by `cursor` over those candidates,
+bounded set of candidates: the most recent @@CANDIDATES@@ matches of the query (by when they
+were indexed) across every session, or in one with `sessionId` (`NOT_FOUND` for a session
+that does not exist). `candidates` says how many were ranked; when it is @@CANDIDATES@@,
+older matches may exist that are not offered (narrow the query, or search one session). A
+query's cost is not bounded by its candidates (within one session the index's matches are
+walked, newest first, for the session's; a term of one common word many times is as many
+lookups, each as long as the index), so its ranking stops at @@RANK_TIME@@ s:
+`LIMIT_EXCEEDED` (`data.limit` in milliseconds); searches wait their turn for the index
+without taking the threads writes need. Hits are paged by `cursor` over those candidates,
 ranked again on each page from what was indexed when the first page was asked: a message
 changed or deleted since is left out, so a hit may move across a page's edge (shown twice,
-or not at all); a message indexed since is not ranked, but it changes the words'
-statistics bm25 scores with, which can move hits the same way.
+or not at all); a message indexed since is not ranked, but it changes the words' statistics
+bm25 scores with, which can move hits the same way.
 Each hit's `snippet` is plain text cut from the transcript's line, `ranges` the
 `[start, end)` offsets of the matches in code points, found as the index finds words (case
 and diacritics folded: `cafe` marks `Café`). The index is derived and built
