@@ -350,9 +350,11 @@ _ACTIVE = (
 )
 _ARCHIVED = (
     " d.line, d.offset, d.length, d.doc, d.root_id, d.revision, d.file FROM c JOIN search_docs d"
-    " ON d.doc = c.doc WHERE d.tools <= ? AND EXISTS (SELECT 1 FROM sessions s"
-    " WHERE s.session_id = d.session_id)"
+    " ON d.doc = c.doc WHERE d.tools <= ? AND EXISTS (SELECT 1 FROM messages r"
+    " WHERE r.session_id = d.session_id AND r.message_id = d.root_id)"
 )
+"""An archived line is a hit while its root is a message of its session: one deleted, cut
+or replaced takes its revisions out of reach (``listRevisions`` answers ``NOT_FOUND``)."""
 
 
 def _rank(

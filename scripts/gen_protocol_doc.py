@@ -1081,7 +1081,9 @@ that is little; while a large queue is being built (an old data dir's first star
 answers from what is indexed with `partial: true`, `pending` the messages still queued.
 `scope: "all"` also searches the archived revisions (each such hit names its `rootId` and
 `revision`; `line` is its line in that revision), ranked with the rest; they are indexed
-when a manifest is committed, and their documents go with the session.""",
+when a manifest is committed, found while their root is a message of the session (one
+deleted, cut or replaced takes them out of reach, as of `listRevisions`), and their
+documents go with the session.""",
     "session.delete": """\
 Under the lock: the transcript is renamed aside to `<id>.jsonl.deleted` and the folder
 fsynced (the commit point), then the index rows and the session's turns go, then the

@@ -109,8 +109,7 @@ async def test_a_deleted_sessions_archived_documents_go(client: Client, data_dir
     await client.call("session.appendMessage", sessionId="r", message=old)
     await client.call("session.truncateFrom", sessionId="r", fromMessageId="a1")
     await client.call("session.deleteMessages", sessionId="r", messageIds=["u1"])
-    (hit,) = (await client.call("session.search", query="walrus", scope="all"))["hits"]
-    assert hit["rootId"] == "u1"
+    assert (await client.call("session.search", query="walrus", scope="all"))["hits"] == []
     await client.call("session.delete", sessionId="r")
     await client.call("session.create", sessionId="other")
     await client.call("session.appendMessage", sessionId="other", message=msg("x"))
@@ -334,3 +333,33 @@ async def test_a_search_within_a_session_that_does_not_exist_is_not_found(client
     assert err.data["kind"] == "session", err.error
     hits = (await client.call("session.search", query="needle", sessionId="a"))["hits"]
     assert [h["messageId"] for h in hits] == ["m"]
+
+
+@pytest.mark.parametrize(
+    "remove",
+    [
+        {"method": "session.deleteMessages", "messageIds": ["u1", "a2"]},
+        {"method": "session.truncateFrom", "fromMessageId": "u1"},  # an edit, resent
+        {"method": "session.replaceMessages", "messages": [msg("n1")]},
+    ],
+    ids=["delete", "truncate", "replace"],
+)
+async def test_revisions_of_a_root_removed_are_not_found(
+    client: Client, remove: dict[str, Any]
+) -> None:
+    """Found at 4d444d5 (helper-21): once the user message a regenerate archived under
+    was deleted, cut or replaced, ``scope: "all"`` still found its archived replies, under
+    a ``rootId`` that ``listRevisions`` answers ``NOT_FOUND`` for (after a restart too)."""
+    await client.call("session.create", sessionId="s")
+    await client.call("session.appendMessage", sessionId="s", message=msg("u1", content="ask"))
+    first = msg("a1", "assistant", "first answer about walruses")
+    await client.call("session.appendMessage", sessionId="s", message=first)
+    await client.call("session.truncateFrom", sessionId="s", fromMessageId="a1")  # archived
+    await client.call("session.appendMessage", sessionId="s", message=msg("a2", "assistant"))
+    (hit,) = (await client.call("session.search", query="walrus", scope="all"))["hits"]
+    assert (hit["messageId"], hit["rootId"]) == ("a1", "u1")
+    method = remove.pop("method")
+    await client.call(method, sessionId="s", **remove)
+    with pytest.raises(RpcError):
+        await client.call("session.listRevisions", sessionId="s", rootId="u1")
+    assert (await client.call("session.search", query="walrus", scope="all"))["hits"] == []
