@@ -9,8 +9,9 @@
   durable rows, throttled checkpoints of the streaming reply (ADR 0153) and turn ends,
   and tells the app what is saved (:data:`Notice`).
 
-The connect sequence comes first on every connection: ``handshake``, attach and drain
-the outbox, then ``session.recoverInflightMessages``. ``docs/python-api.md`` shows an
+The connect sequence comes first on every connection (:meth:`Outbox.connect`):
+``handshake``, attach and drain the outbox, then ``session.recoverInflightMessages``
+(``keep``: on a reconnect, the driver's running sessions). ``docs/python-api.md`` shows an
 agent loop of one's own persisted this way; ``python -m outbox drive`` runs the same
 pieces with the simulated runtime in ``outbox._agent``.
 

@@ -138,13 +138,10 @@ async def connect(opts: Options, box: Outbox, emit: Any) -> tuple[HostClient, li
         log_path=os.path.join(opts.data_dir, "host.log"),
         args=("--also-socket", sock) if sock else (),
     )
-    await client.handshake()
-    box.attach(client)
-    await box.drain(60.0)  # rows a killed run left in the journal land first
-    rec = await client.call("session.recoverInflightMessages")
-    for row in rec["recovered"]:
+    recovered = await box.connect(client, timeout=60.0)  # a killed run's rows land first
+    for row in recovered:
         emit({"event": "recovered", **row})
-    return client, rec["recovered"]
+    return client, recovered
 
 
 async def drive(opts: Options, out: TextIO = sys.stdout) -> int:

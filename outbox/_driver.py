@@ -120,9 +120,8 @@ class TurnDriver:
     :meth:`begin` opens a turn (after the session's outbox drained), :meth:`run` consumes
     the runtime's events and ends the turn on the host, and ``emit`` hears a
     :class:`~outbox.Durable` notice for every message that may be shown as saved. The
-    client must have run the connect sequence first (handshake, the outbox attached and
-    drained, ``session.recoverInflightMessages``; on a reconnect while turns run, with
-    ``{"keep": driver.running()}``).
+    client must have run the connect sequence first (:meth:`Outbox.connect`; on a
+    reconnect while turns run, with ``keep=driver.running()``).
     """
 
     def __init__(

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -77,6 +77,23 @@ class Outbox:
         """Drain into ``client`` from now on (``None``: the host is down)."""
         self.client = client
         self._wake.set()
+
+    async def connect(
+        self, client: HostClient, *, keep: Sequence[str] = (), timeout: float = 30.0
+    ) -> list[dict[str, Any]]:
+        """The connect sequence on ``client``, before anything reads a transcript: the
+        handshake, this outbox drained into it, then ``session.recoverInflightMessages``;
+        return the rows it recovered (ADR 0153's amendment: the finished rows land first).
+
+        ``keep``: on a reconnect while turns run (``TurnDriver.running()``), the sessions
+        whose checkpoints are left for the finished rows still to come.
+        """
+        await client.handshake()
+        self.attach(client)
+        await self.drain(timeout)
+        params = {"keep": list(keep)} if keep else {}
+        recovered = await client.call("session.recoverInflightMessages", params)
+        return list(recovered["recovered"])
 
     @property
     def depth(self) -> int:

@@ -17,14 +17,10 @@ from outbox import HostClient, Outbox, TurnDriver
 from tests.outbox.kit import WAIT, stored, until
 
 
-async def connect(data: Path, box: Outbox, keep: list[str] | None) -> HostClient:
-    """The connect sequence: handshake, drain, recover (with ``keep`` on a reconnect)."""
+async def connect(data: Path, box: Outbox, keep: list[str]) -> HostClient:
+    """A host spawned, and the connect sequence (``keep`` on a reconnect)."""
     client = await HostClient.spawn(str(data), log_path=str(data) + ".log")
-    await client.handshake(timeout=WAIT)
-    box.attach(client)
-    await box.drain(WAIT)
-    params = {} if keep is None else {"keep": keep}
-    await client.call("session.recoverInflightMessages", params)
+    assert await box.connect(client, keep=keep) == []
     return client
 
 
@@ -32,7 +28,7 @@ async def test_a_reply_streaming_across_a_host_restart_is_stored_whole(tmp_path:
     data = tmp_path / "host"
     durable: list[str] = []
     async with Outbox.open(str(tmp_path / "app" / "outbox.jsonl")) as box:
-        client = await connect(data, box, None)
+        client = await connect(data, box, [])
         await client.call("session.create", {"sessionId": "s"})
         driver = TurnDriver(client, box, emit=lambda n: durable.append(n["messageId"]))
         st = await driver.begin("s", "t1", {"id": "u1", "role": "user", "content": "q"})
