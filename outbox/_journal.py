@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import errno
 import fcntl
 import logging
@@ -107,6 +108,7 @@ class Journal:
         self._sizes: dict[int, int] = {}  # bytes of each pending entry's line
         self._dead = 0  # bytes of the file that are not pending entries
         self._unwritten: list[int] = []  # acks a full disk refused: written with the next
+        self._retry_at = 0  # dead bytes before a compaction the disk refused is tried again
         self._lock = -1
         self._dir_synced = True  # the folder holds the journal's current name durably
         self.fsyncs = 0
@@ -174,8 +176,9 @@ class Journal:
                 self.refused[e.seq] = reason
         if damaged:
             self._quarantine(damaged)  # kept there: the rewrite below drops them here
-        if self._dead and (damaged or self._dead >= sum(self._sizes.values())):
-            self._compact()
+        self._compact_if(
+            bool(self._dead) and (bool(damaged) or self._dead >= sum(self._sizes.values()))
+        )
 
     def _replay(self, data: bytes) -> tuple[int, list[bytes]]:
         """Replay the entries of ``data``; return where its last whole line ends and the
@@ -292,11 +295,7 @@ class Journal:
             log.warning("journal: ack of entry %d not written (%s): written later", seq, exc)
             return
         live = sum(self._sizes.values())
-        if self._dead >= COMPACT_BYTES and self._dead >= live:
-            try:
-                self._compact()
-            except OSError as exc:
-                log.warning("journal: not compacted (%s): tried again later", exc)
+        self._compact_if(self._dead >= max(COMPACT_BYTES, live, self._retry_at))
 
     def _write_acks(self, seqs: list[int]) -> None:
         """Write the acks a full disk refused so far, and ``seqs``'s (``OSError``: kept)."""
@@ -351,16 +350,32 @@ class Journal:
         if size == 0:  # a new file: its name is durable only once the folder is
             fsync_dir(path)
 
+    def _compact_if(self, due: bool) -> None:
+        """Compact if ``due``; a compaction the disk refuses (full) is logged, and tried
+        again only once as many bytes more are acknowledged (not at every ack)."""
+        if not due:
+            return
+        try:
+            self._compact()
+        except OSError as exc:
+            self._retry_at = self._dead + COMPACT_BYTES
+            log.warning("journal: not compacted (%s): tried again later", exc)
+
     def _compact(self) -> None:
         """Replace the journal by its pending entries (atomic replace, folder fsync)."""
         tmp = f"{self.path}.{os.urandom(4).hex()}.tmp"
-        write_new(tmp, b"".join(_sealed(_ENC.encode(e)) for e in self.pending.values()))
-        os.rename(tmp, self.path)
+        try:
+            write_new(tmp, b"".join(_sealed(_ENC.encode(e)) for e in self.pending.values()))
+            os.rename(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(OSError):  # a full disk's half copy: not left behind
+                os.unlink(tmp)
+            raise
         # The new file takes the appends at once: a failure from here on must never leave
         # later entries going, fsynced and "durable", into the old file, which is unlinked.
         old, self._fd = self._fd, open_regular(self.path, os.O_RDWR | os.O_APPEND)
         os.close(old)
-        self._dead, self._unwritten = 0, []  # the acked entries are gone with the old file
+        self._dead, self._unwritten, self._retry_at = 0, [], 0  # gone with the old file
         self._dir_synced = False
         self._sync_dir()
 

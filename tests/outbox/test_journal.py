@@ -362,3 +362,38 @@ async def test_a_row_the_host_or_client_could_not_read_is_refused_and_not_writte
         )
     async with Journal.open(str(path)) as journal:
         assert list(journal.pending) == [ok.seq]  # one refused row holds nothing back
+
+
+async def test_a_compaction_a_full_disk_refuses_leaves_nothing_and_is_not_retried_per_ack(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Since a compaction copies pending entries, a full disk can refuse it: its half copy
+    was left behind, one more at every ack, each ack copying every pending entry again; a
+    refused one at open failed the open. Now the copy is removed, the next try waits for as
+    many bytes more to be acknowledged, and an open goes on uncompacted."""
+    monkeypatch.setattr(_journal, "COMPACT_BYTES", 2000)
+    tries: list[str] = []
+
+    def full(path: str, data: bytes) -> None:  # a full disk: half the copy, then ENOSPC
+        tries.append(path)
+        with open(path, "xb") as f:
+            f.write(data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device", path)
+
+    path = tmp_path / "outbox.jsonl"
+    async with Journal.open(str(path)) as journal:
+        stuck = await journal.append("s", body(0), None)  # pending throughout
+        monkeypatch.setattr(_journal, "write_new", full)
+        for i in range(1, 200):
+            journal.ack((await journal.append("s", body(i), None)).seq)
+        # a try per 2,000 bytes acknowledged at most, not one per ack
+        assert 1 <= len(tries) <= path.stat().st_size // 2000, (len(tries), path.stat())
+        assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+    with path.open("ab") as f:
+        f.write(b"#a damaged line#\n")  # an open that quarantines it compacts
+    async with Journal.open(str(path)) as journal:  # refused: the open goes on
+        assert list(journal.pending) == [stuck.seq]
+    monkeypatch.undo()
+    async with Journal.open(str(path)) as journal:
+        assert list(journal.pending) == [stuck.seq]
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
