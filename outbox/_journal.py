@@ -20,6 +20,7 @@ import errno
 import fcntl
 import logging
 import os
+import re
 import zlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -69,6 +70,9 @@ file stays within twice what is pending plus this, and a rewrite copies no more 
 drops (a pending entry the host never takes does not stop it)."""
 
 
+_TMP = ".tmp"  # a compaction's copy: <journal>.<8 hex digits>.tmp
+
+
 class JournalBusy(Exception):
     """Raised when another outbox (another process of the app) has the journal open."""
 
@@ -106,6 +110,7 @@ class Journal:
         self._synced = 0  # highest seq known durable
         self._sync: asyncio.Future[None] | None = None  # the group's fsync in flight
         self._sizes: dict[int, int] = {}  # bytes of each pending entry's line
+        self._live = 0  # ... and their sum
         self._dead = 0  # bytes of the file that are not pending entries
         self._unwritten: list[int] = []  # acks a full disk refused: written with the next
         self._retry_at = 0  # dead bytes before a compaction the disk refused is tried again
@@ -126,6 +131,17 @@ class Journal:
             for fd in (j._fd, j._lock):
                 if fd >= 0:
                     os.close(fd)
+
+    def _sweep(self) -> None:
+        """Remove the copies compactions cut by a kill left (``<journal>.<hex>.tmp``): as
+        big as what was pending then; this outbox holds the lock, so none is in progress."""
+        folder, name = os.path.split(self.path)
+        leftover = re.compile(re.escape(name) + r"\.[0-9a-f]{8}" + re.escape(_TMP))
+        for entry in os.listdir(folder or "."):
+            if leftover.fullmatch(entry):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(folder, entry))
+                log.info("journal: %s, a compaction's copy a kill left, removed", entry)
 
     def _take_lock(self) -> None:
         """Hold ``<path>.lock`` (``flock``) while open: one outbox per journal.
@@ -151,6 +167,7 @@ class Journal:
     def _load(self) -> None:
         os.makedirs(os.path.dirname(self.path) or ".", mode=0o700, exist_ok=True)
         self._take_lock()
+        self._sweep()
         # A new journal's name is durable only once its folder is: until then a power cut
         # takes the file, and every entry reported durable in it, away (issue 37).
         self._dir_synced = os.path.lexists(self.path)
@@ -169,16 +186,14 @@ class Journal:
             log.warning("journal: torn last entry (%d bytes) cut", len(data) - pos)
             os.ftruncate(self._fd, pos)
             os.fsync(self._fd)
-        self._dead = pos - sum(self._sizes.values())
+        self._dead = pos - self._live
         self._written = self._synced = self.next_seq - 1
         for e in self.pending.values():
             if (reason := refusal(e.session_id, bytes(e.message), e.turn_id)) is not None:
                 self.refused[e.seq] = reason
         if damaged:
             self._quarantine(damaged)  # kept there: the rewrite below drops them here
-        self._compact_if(
-            bool(self._dead) and (bool(damaged) or self._dead >= sum(self._sizes.values()))
-        )
+        self._compact_if(bool(self._dead) and (bool(damaged) or self._dead >= self._live))
 
     def _replay(self, data: bytes) -> tuple[int, list[bytes]]:
         """Replay the entries of ``data``; return where its last whole line ends and the
@@ -196,7 +211,7 @@ class Journal:
                 continue
             if isinstance(line.ack, int):
                 self.pending.pop(line.ack, None)
-                self._sizes.pop(line.ack, None)
+                self._live -= self._sizes.pop(line.ack, 0)
             elif (
                 isinstance(line.seq, int)
                 and isinstance(line.message, Raw)
@@ -204,6 +219,7 @@ class Journal:
             ):
                 entry = Entry(line.seq, line.session_id, line.message, line.turn_id)
                 self.pending[line.seq] = entry
+                self._live += pos - at - self._sizes.get(line.seq, 0)
                 self._sizes[line.seq] = pos - at
                 self.next_seq = max(self.next_seq, line.seq + 1)
         return pos, damaged
@@ -249,6 +265,7 @@ class Journal:
         self._written = entry.seq
         self.pending[entry.seq] = entry
         self._sizes[entry.seq] = len(line)
+        self._live += len(line)
         await self._sync_through(entry.seq)
         return entry
 
@@ -288,14 +305,15 @@ class Journal:
         """
         if self.pending.pop(seq, None) is None:
             return
-        self._dead += self._sizes.pop(seq, 0)
+        size = self._sizes.pop(seq, 0)
+        self._dead += size
+        self._live -= size
         try:
             self._write_acks([seq])
         except OSError as exc:
             log.warning("journal: ack of entry %d not written (%s): written later", seq, exc)
             return
-        live = sum(self._sizes.values())
-        self._compact_if(self._dead >= max(COMPACT_BYTES, live, self._retry_at))
+        self._compact_if(self._dead >= max(COMPACT_BYTES, self._live, self._retry_at))
 
     def _write_acks(self, seqs: list[int]) -> None:
         """Write the acks a full disk refused so far, and ``seqs``'s (``OSError``: kept)."""
@@ -363,17 +381,22 @@ class Journal:
 
     def _compact(self) -> None:
         """Replace the journal by its pending entries (atomic replace, folder fsync)."""
-        tmp = f"{self.path}.{os.urandom(4).hex()}.tmp"
+        tmp = f"{self.path}.{os.urandom(4).hex()}{_TMP}"
+        fd = -1
         try:
             write_new(tmp, b"".join(_sealed(_ENC.encode(e)) for e in self.pending.values()))
+            # Opened before the rename: once the new file has the name, nothing can fail
+            # that would leave later entries going, fsynced and "durable", into the old
+            # file, which the rename unlinked.
+            fd = open_regular(tmp, os.O_RDWR | os.O_APPEND)
             os.rename(tmp, self.path)
         except BaseException:
+            if fd >= 0:
+                os.close(fd)
             with contextlib.suppress(OSError):  # a full disk's half copy: not left behind
                 os.unlink(tmp)
             raise
-        # The new file takes the appends at once: a failure from here on must never leave
-        # later entries going, fsynced and "durable", into the old file, which is unlinked.
-        old, self._fd = self._fd, open_regular(self.path, os.O_RDWR | os.O_APPEND)
+        old, self._fd = self._fd, fd
         os.close(old)
         self._dead, self._unwritten, self._retry_at = 0, [], 0  # gone with the old file
         self._dir_synced = False

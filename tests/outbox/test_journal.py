@@ -397,3 +397,49 @@ async def test_a_compaction_a_full_disk_refuses_leaves_nothing_and_is_not_retrie
     async with Journal.open(str(path)) as journal:
         assert list(journal.pending) == [stuck.seq]
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+async def test_entries_after_a_compaction_whose_new_file_could_not_be_opened_are_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found at a11d84c (helper-23): the new file was opened after the rename; an open
+    that failed then (EMFILE) left the journal appending into the old file, unlinked by
+    the rename: the next entry, reported durable, was gone at the next open. It is opened
+    before the rename now, and a failure there leaves the old file the journal."""
+    monkeypatch.setattr(_journal, "COMPACT_BYTES", 2000)
+    real, failed = _journal.open_regular, []
+
+    def emfile(path: str, flags: int = os.O_RDONLY) -> int:
+        if flags == os.O_RDWR | os.O_APPEND and not failed:  # the compacted file's open
+            failed.append(path)
+            raise OSError(errno.EMFILE, "Too many open files", path)
+        return real(path, flags)
+
+    path = tmp_path / "outbox.jsonl"
+    async with Journal.open(str(path)) as journal:
+        stuck = await journal.append("s", body(0), None)
+        monkeypatch.setattr(_journal, "open_regular", emfile)
+        for i in range(1, 60):
+            journal.ack((await journal.append("s", body(i), None)).seq)
+            if failed:  # the compaction failed here: no other one before the next entry
+                break
+        assert failed
+        later = await journal.append("s", body(99), None)  # reported durable
+    monkeypatch.undo()
+    async with Journal.open(str(path)) as journal:
+        assert set(journal.pending) >= {stuck.seq, later.seq}
+
+
+async def test_a_compactions_copy_a_kill_left_is_removed_at_open(tmp_path: Path) -> None:
+    """Found at a11d84c (helper-23): a kill during a compaction, which now copies what is
+    pending (150 MiB in its run), left the copy for good; one more at each such kill."""
+    path = tmp_path / "outbox.jsonl"
+    async with Journal.open(str(path)) as journal:
+        kept = await journal.append("s", body(1), None)
+    left = tmp_path / "outbox.jsonl.0badf00d.tmp"  # what the kill left
+    left.write_bytes(b'{"seq":1,"sessionId":"s","mess')
+    other = tmp_path / "notes.jsonl.0badf00d.tmp"  # not the journal's: left alone
+    other.write_bytes(b"x")
+    async with Journal.open(str(path)) as journal:
+        assert list(journal.pending) == [kept.seq]
+    assert not left.exists() and other.exists()
