@@ -70,7 +70,8 @@ MAX_TERMS = 16
 RANK_TIME = 5.0
 """Seconds a search's ranking may run (SQLite's progress handler stops it, as Datasette's
 ``sql_time_limit_ms`` does); past it ``LIMIT_EXCEEDED``. A query's cost is not bounded by
-its matches alone: a long phrase is checked against every document of a session."""
+its candidates: a term of one common word many times is as many lookups, each as long as
+the index, and a search within one session walks every match of the others."""
 DEAD_FLOOR = 100_000
 """Dead entries (words of changed or deleted documents, kept by a contentless table) the
 search index may hold before it is compacted; past it, once they outnumber live documents."""
@@ -696,9 +697,7 @@ class Search:
             if n == 0:
                 break
             copied += n
-            if missed:
-                self._wake.set()
-            if self._wake.is_set():  # what was written meanwhile is indexed as it comes
+            if missed or self._wake.is_set():  # what was queued meanwhile is indexed now
                 self._wake.clear()
                 await self.work()
         async with self._busy:

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import zlib
 from collections import deque
 from collections.abc import Sequence
@@ -47,7 +46,7 @@ from msgspec import UNSET, Raw
 
 from host._epochs import Epochs
 from host._errors import Internal, InvalidParams, LimitExceeded, NotFound
-from host._fs import on_thread, open_regular
+from host._fs import on_thread
 from host._limits import (
     DRAIN_STEP,
     LIVE_DATA,
@@ -81,8 +80,6 @@ if TYPE_CHECKING:
     from host._store import Registry
 
 log = logging.getLogger("host.watch")
-_TURN = msgspec.json.Decoder(TurnRecord)
-_TURN_READ = 64 * 1024  # turn log bytes read in one hold of a catching-up watcher
 ROWS_PER_READ = 256  # lines a catching-up watcher reads in one hold, at most
 _HEAD = b'{"jsonrpc":"2.0","method":"session.event","params":{"watchId":'
 
@@ -498,7 +495,7 @@ class WatchHub(Epochs):
         after = Cursor.parse(text)
         if after.tag > 0xFFFFFFFF:
             raise InvalidParams("cursor: its checkpoint tag is no CRC-32 (not one the host gave)")
-        if after.epoch == epoch and not self._ends_a_record(sid, after):
+        if after.epoch == epoch and not self.registry.turnlog.ends_a_record(sid, after.turns):
             raise InvalidParams("cursor: its turn offset is inside a record of the turn log")
         return after
 
@@ -553,21 +550,6 @@ class WatchHub(Epochs):
         """The session's epoch, made (durably, on a thread) if it has none yet."""
         known = self.known(sid)
         return known if known is not None else await on_thread(self.current, sid)
-
-    def _ends_a_record(self, sid: str, at: Cursor) -> bool:
-        """Whether ``at``'s turn offset is where a record of the turn log ends (as in every
-        cursor the host gives) or past the log's end (it expires): not inside a record,
-        whose change a catch-up would pass over as not a record (a small read)."""
-        if at.turns == 0:
-            return True
-        try:
-            fd = open_regular(self.registry.layout.turns(sid))
-        except FileNotFoundError:  # no log: the cursor expires
-            return True
-        try:
-            return os.pread(fd, 1, at.turns - 1) in (b"\n", b"")
-        finally:
-            os.close(fd)
 
     def _turns_tag(self, s: Session) -> tuple[int, int]:
         """A newly watched session's turn log size and checkpoint tag (small reads)."""
@@ -697,7 +679,7 @@ class WatchHub(Epochs):
                 event = AppendedEvent(line=r.line, message=Raw(data))
                 w.outlet.push(w, _tail(at, event), at, bounded=False)
         elif w.pos.turns < st.turns:
-            for record, end in self._turns(sid, w.pos.turns, st.turns):
+            for record, end in self.registry.turnlog.chunk(sid, w.pos.turns, st.turns):
                 at = Cursor(st.epoch, w.pos.lines, end, w.pos.tag)
                 if record is None:  # not a turn change (edited by hand): passed over
                     w.pos = at
@@ -708,27 +690,6 @@ class WatchHub(Epochs):
             return True
         self.fan_out_soon()
         return False
-
-    def _turns(self, sid: str, start: int, end: int) -> list[tuple[TurnRecord | None, int]]:
-        """The turn log's records from byte ``start`` (at most :data:`_TURN_READ` bytes
-        of them, at least one), each with the byte it ends at; ``None`` for one that is not
-        a record."""
-        fd = open_regular(self.registry.layout.turns(sid))
-        try:
-            data = os.pread(fd, min(end - start, _TURN_READ), start)
-            if b"\n" not in data:  # one line longer than a read: read it whole
-                data = os.pread(fd, end - start, start)
-        finally:
-            os.close(fd)
-        out: list[tuple[TurnRecord | None, int]] = []
-        pos = start
-        for raw in data.split(b"\n")[:-1]:
-            pos += len(raw) + 1
-            try:
-                out.append((_TURN.decode(raw), pos))
-            except msgspec.DecodeError:
-                out.append((None, pos))
-        return out or [(None, end)]  # no whole line (cut by hand): passed over, not re-read
 
 
 def _turn_event(record: TurnRecord) -> TurnEvent:

@@ -234,8 +234,6 @@ class TurnDriver:
         try:
             return await self._run(st, events, regenerate)
         except (RowRefused, OSError) as exc:
-            # A row the journal cannot hold (a full disk: OSError) ends the turn as a crash
-            # would: its checkpoint, the reply as last seen, is promoted aborted.
             outcome: Outcome = "error" if isinstance(exc, RowRefused) else "crashed"
             log.error(
                 "turn %s of session %s ends (%s): %s", st.turn_id, st.session_id, outcome, exc
